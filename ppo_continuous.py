@@ -146,6 +146,33 @@ def make_env(env_id, idx, capture_video, run_name):
     return thunk
 
 
+def make_envs(args, run_name):
+    vector_env = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
+    envs = vector_env(
+        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
+        # SAME_STEP: a finished sub-env resets within the step and hands back its last observation
+        # in infos["final_obs"]. So no dummy transition (NEXT_STEP's reset step, whose action is
+        # ignored) enters the batch, and truncations can bootstrap from V(final observation).
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        envs.close()
+        sys.exit(f"error: {args.env_id} has a {type(envs.single_action_space).__name__} action space; "
+                 "this script needs a continuous (Box) one")
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def with_final_obs(obs, infos):
+    """s_{t+1} of each env: the observation returned by the step, except where an episode ended,
+    whose last observation SAME_STEP autoreset moved to infos["final_obs"]."""
+    if "_final_obs" not in infos:
+        return obs
+    obs = obs.copy()
+    for i in np.flatnonzero(infos["_final_obs"]):
+        obs[i] = infos["final_obs"][i]
+    return obs
+
+
 class RunningMeanStd:
     """Running mean and variance over batches (Chan et al.'s parallel algorithm)."""
 
@@ -297,6 +324,19 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     return advantages
 
 
+@torch.no_grad()
+def estimate_advantages(agent, b, args):
+    """GAE advantages and return targets from the learner's *current* critic (the actors have
+    none), plus the learner's log-probabilities of the batch actions (to measure backward lag).
+    Returns (values, target_logprobs, advantages, returns), each shaped [T, N]."""
+    values = agent.get_value(b["obs"])
+    next_values = agent.get_value(b["next_obs"])
+    target_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
+    advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
+                             args.gamma, args.gae_lambda)
+    return values, target_logprobs, advantages, advantages + values
+
+
 def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
         L = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),   r = pi_theta(a|s) / beta(a|s)
@@ -366,19 +406,7 @@ def main(args: Args):
         os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
 
     # env setup (checked before any log is written)
-    vector_env = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
-    envs = vector_env(
-        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
-        # SAME_STEP: a finished sub-env resets within the step and hands back its last observation
-        # in infos["final_obs"], so no dummy transition enters the batch and truncations can
-        # bootstrap from V(final observation).
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    if not isinstance(envs.single_action_space, gym.spaces.Box):
-        envs.close()
-        sys.exit(f"error: {args.env_id} has a {type(envs.single_action_space).__name__} action space; "
-                 "this script needs a continuous (Box) one")
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    envs = make_envs(args, run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
@@ -464,30 +492,21 @@ def main(args: Args):
             current_obs = normalize_obs(raw_obs, obs_rms)
             next_obs[step] = current_obs
             if done.any():
-                for i in np.flatnonzero(infos["_final_obs"]):
-                    next_obs[step, i] = normalize_obs(infos["final_obs"][i], obs_rms)
+                next_obs[step] = normalize_obs(with_final_obs(raw_obs, infos), obs_rms)
                 for i in np.flatnonzero(infos["_episode"]):
                     recent_returns.append(float(infos["episode"]["r"][i]))
                     writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
                     writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
 
-        # The learner evaluates the batch with its *current* critic (the actors' critics are
-        # irrelevant: only the learner has one).
         b = {
             key: torch.as_tensor(value, device=device)
             for key, value in dict(obs=obs, next_obs=next_obs, actions=actions, logprobs=logprobs,
                                    rewards=rewards, terminations=terminations, dones=dones).items()
         }
-        with torch.no_grad():
-            values = agent.get_value(b["obs"])
-            next_values = agent.get_value(b["next_obs"])
-            advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
-                                     args.gamma, args.gae_lambda)
-            returns = advantages + values
-            # Backward lag: how far the learner already is from the behaviour policies, before any step.
-            mean, logstd = agent.actor(b["obs"])
-            start_ratio = (gaussian_logprob(b["actions"], mean, logstd) - b["logprobs"]).exp()
-            writer.add_scalar("charts/backward_tv", 0.5 * (start_ratio - 1).abs().mean().item(), global_step)
+        values, target_logprobs, advantages, returns = estimate_advantages(agent, b, args)
+        # Backward lag: how far the learner already is from the behaviour policies, before any step.
+        backward_tv = 0.5 * ((target_logprobs - b["logprobs"]).exp() - 1).abs().mean().item()
+        writer.add_scalar("charts/backward_tv", backward_tv, global_step)
 
         # flatten the batch: [T, N, ...] -> [T * N, ...]
         flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
@@ -549,7 +568,7 @@ def main(args: Args):
         # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
         policy_buffer.push(agent.actor)
 
-        y_pred, y_true = flat["values"].cpu().numpy(), flat["returns"].cpu().numpy()
+        y_pred, y_true = values.cpu().numpy().ravel(), returns.cpu().numpy().ravel()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 

@@ -1,0 +1,41 @@
+"""Helpers shared by the tests: tiny training runs in a temporary folder and their TensorBoard logs."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A few seconds of training: 2 updates of 2 envs x 64 steps.
+TINY = dict(env_id="Hopper-v4", total_timesteps=256, num_envs=2, num_steps=64, num_minibatches=4, update_epochs=2)
+
+
+def read_scalars(run_dir):
+    """{tag: [values in logging order]} of one TensorBoard run."""
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [event.value for event in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.fixture
+def train(tmp_path, monkeypatch):
+    """train(module, **overrides) runs module.main in a fresh folder; returns (run_dir, scalars)."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(module, **overrides):
+        before = set(glob.glob("runs/*"))
+        module.main(module.Args(**{**TINY, **overrides}))
+        (run_dir,) = set(glob.glob("runs/*")) - before
+        return run_dir, read_scalars(run_dir)
+
+    return run
+
+
+def run_script(script, *flags, cwd, env=None):
+    """Run a top-level script as a user would; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *flags], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)

@@ -1,0 +1,240 @@
+"""What ppo_continuous.py and vaco_continuous.py share: env pipeline, lag simulator, GAE,
+checkpoints, logging, seeding and input checks. Each test runs against both scripts."""
+
+import glob
+import os
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import ppo_continuous
+import vaco_continuous
+from conftest import TINY, run_script
+
+SCRIPTS = [ppo_continuous, vaco_continuous]
+script = pytest.mark.parametrize("module", SCRIPTS, ids=lambda m: m.__name__)
+
+
+# --- GAE ----------------------------------------------------------------------------------------
+
+def random_batch(T=40, N=3, seed=0):
+    """Rewards, values, next values; terminations and time-limit truncations inside the batch."""
+    g = torch.Generator().manual_seed(seed)
+    rewards, values, next_values = (torch.randn(T, N, generator=g) for _ in range(3))
+    terminations = (torch.rand(T, N, generator=g) < 0.08).float()
+    truncations = (torch.rand(T, N, generator=g) < 0.08).float() * (1 - terminations)
+    assert terminations.sum() > 0 and truncations.sum() > 0
+    return rewards, values, next_values, terminations, torch.clamp(terminations + truncations, max=1)
+
+
+def gae_direct(rewards, values, next_values, terminations, dones, gamma, lam):
+    """A_t = sum_l (gamma lam)^l delta_{t+l}, summed until the episode ends or the batch does."""
+    T, N = rewards.shape
+    deltas = rewards + gamma * (1 - terminations) * next_values - values
+    advantages = torch.zeros(T, N)
+    for n in range(N):
+        for t in range(T):
+            for k in range(t, T):
+                advantages[t, n] += (gamma * lam) ** (k - t) * deltas[k, n]
+                if dones[k, n]:
+                    break
+    return advantages
+
+
+@script
+def test_gae_matches_direct_sum(module):
+    batch = random_batch()
+    expected = gae_direct(*batch, gamma=0.99, lam=0.95)
+    torch.testing.assert_close(module.compute_gae(*batch, 0.99, 0.95), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("terminated, expected", [(1.0, [6.5, 1.0, 16.0]), (0.0, [11.5, 11.0, 16.0])])
+def test_gae_bootstraps_truncation_not_termination(terminated, expected):
+    # the episode ends at t = 1; next_values[1] = V(final observation) counts only if truncated
+    col = lambda *x: torch.tensor(x).unsqueeze(1)  # noqa: E731
+    advantages = ppo_continuous.compute_gae(col(1.0, 1.0, 1.0), col(0.0, 0.0, 0.0), col(10.0, 20.0, 30.0),
+                                            col(0.0, terminated, 0.0), col(0.0, 1.0, 0.0), gamma=0.5, lam=1.0)
+    torch.testing.assert_close(advantages, col(*expected))
+
+
+# --- lag simulator ------------------------------------------------------------------------------
+
+@script
+def test_policy_buffer_k1_is_the_current_policy(module):
+    agent = module.Agent(11, 3)
+    buffer = module.PolicyBuffer(agent.actor, size=1)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.1)
+    obs = torch.randn(16, 11)
+    for _ in range(3):  # an update, then the actors pick up the new policy
+        agent.actor(obs)[0].sum().backward()
+        optimizer.step()
+        buffer.push(agent.actor)
+        assert len(buffer.snapshots) == 1
+        for got, want in zip(buffer[0](obs), agent.actor(obs)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@script
+def test_policy_buffer_ages_and_frozen_snapshots(module):
+    actor = module.Actor(5, 2)
+    buffer = module.PolicyBuffer(actor, size=4)
+    rng = np.random.default_rng(0)
+    assert set(buffer.sample_ages(100, rng)) == {0}  # only the initial policy exists
+    first = [p.clone() for p in buffer[0].parameters()]
+    for _ in range(10):
+        with torch.no_grad():
+            for p in actor.parameters():
+                p.add_(1.0)  # the learner moves on...
+        buffer.push(actor)
+    ages = buffer.sample_ages(10_000, rng)
+    assert ages.min() == 0 and ages.max() == 3  # never older than K - 1, every age drawn
+    assert abs(np.mean(ages) - 1.5) < 0.1  # uniform
+    for age in range(4):  # ...and the snapshots are frozen copies of what it was
+        snapshot = list(buffer[age].parameters())
+        assert all(not p.requires_grad for p in snapshot)
+        torch.testing.assert_close(snapshot[0], list(actor.parameters())[0] - age)
+    buffer.push(actor)
+    assert len(buffer.snapshots) == 4
+    assert all(not torch.equal(a, b) for a, b in zip(first, buffer[3].parameters()))
+
+
+# --- env pipeline: SAME_STEP autoreset, final observations --------------------------------------
+
+@script
+def test_final_observation_of_a_truncated_episode_is_kept(module):
+    gym.register("ThreeStepPendulum-v0", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
+                 max_episode_steps=3)
+    envs = module.make_envs(module.Args(env_id="ThreeStepPendulum-v0", num_envs=2), run_name="test")
+    reference = gym.make("ThreeStepPendulum-v0")  # env 1 on its own, same seed and actions
+    obs, _ = envs.reset(seed=7)
+    ref_obs, _ = reference.reset(seed=8)
+    actions = np.full((2, 1), 0.5, np.float32)
+    for t in range(3):
+        obs, _, terminated, truncated, infos = envs.step(actions)
+        ref_obs, _, _, ref_truncated, _ = reference.step(actions[1])
+        assert bool(truncated[1]) == ref_truncated == (t == 2)
+    assert not terminated.any()
+    next_obs = module.with_final_obs(obs, infos)
+    np.testing.assert_allclose(next_obs[1], ref_obs, rtol=1e-6)  # s_{t+1} is the real final one
+    assert not np.allclose(obs[1], ref_obs)  # while obs holds the new episode's first
+    ref_obs, _ = reference.reset()
+    np.testing.assert_allclose(obs[1], ref_obs, rtol=1e-6)
+    # no dummy transition: the next step is a real step of the new episode
+    obs, reward, terminated, truncated, infos = envs.step(actions)
+    ref_obs, ref_reward, *_ = reference.step(actions[1])
+    np.testing.assert_allclose(obs[1], ref_obs, rtol=1e-6)
+    assert reward[1] == pytest.approx(ref_reward) and "_final_obs" not in infos
+    envs.close()
+
+
+# --- checkpoints --------------------------------------------------------------------------------
+
+@script
+def test_checkpoint_round_trip(module, tmp_path):
+    agent = module.Agent(11, 3)
+    obs_rms = module.RunningMeanStd((11,))
+    obs_rms.update(np.random.default_rng(0).normal(3.0, 2.0, size=(50, 11)))
+    optimizer = torch.optim.Adam(agent.parameters())
+    path = str(tmp_path / "agent.cleanrl_model")
+    module.save_checkpoint(path, agent, optimizer, obs_rms, module.Args(), global_step=123)
+    loaded, loaded_rms = module.load_agent(path, 11, 3)
+    raw = np.random.default_rng(1).normal(3.0, 2.0, size=(8, 11))
+    obs = torch.as_tensor(module.normalize_obs(raw, loaded_rms))
+    torch.testing.assert_close(obs, torch.as_tensor(module.normalize_obs(raw, obs_rms)))
+    for got, want in zip(loaded.actor(obs), agent.actor(obs)):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(FileExistsError):  # never overwrites
+        module.save_checkpoint(path, agent, optimizer, obs_rms, module.Args(), global_step=0)
+
+
+# --- training runs ------------------------------------------------------------------------------
+
+@script
+@pytest.mark.parametrize("env_id", ["Hopper-v4", "Ant-v4"])
+def test_smoke_run_logs_lag_and_saves(module, env_id, train, capsys):
+    run_dir, scalars = train(module, env_id=env_id, policy_buffer=3, total_timesteps=384, save_model=True,
+                             eval_episodes=1)
+    out = capsys.readouterr().out
+    assert "SPS: " in out and "step 384/384" in out
+    lag_max = scalars["charts/policy_lag_max"]
+    assert lag_max[0] == 0 and all(m <= i for i, m in enumerate(lag_max))  # < snapshots held, <= K - 1
+    for tag in ["losses/value_loss", "losses/policy_loss", "losses/approx_kl", "losses/tv_divergence",
+                "charts/backward_tv", "charts/SPS", "charts/learning_rate", "losses/explained_variance"]:
+        assert len(scalars[tag]) == 3 and np.isfinite(scalars[tag]).all(), tag
+    assert scalars["charts/backward_tv"][0] == pytest.approx(0.0, abs=1e-5)  # no lag yet
+    assert scalars["charts/learning_rate"][0] == pytest.approx(3e-4)
+    assert len(scalars["eval/episodic_return"]) == 1
+    assert glob.glob(f"{run_dir}/*.cleanrl_model")
+    if env_id == "Hopper-v4":  # Hopper falls over fast: episodes finish within the budget
+        assert len(scalars["charts/episodic_return"]) == len(scalars["charts/episodic_length"]) > 0
+
+
+@script
+def test_k1_acts_with_the_learners_policy(module, train):
+    _, scalars = train(module, policy_buffer=1, total_timesteps=512)
+    assert scalars["charts/policy_lag_max"] == [0, 0, 0, 0]
+    assert max(scalars["charts/backward_tv"]) < 1e-5  # behaviour == learner at every update
+
+
+@script
+def test_same_seed_same_returns(module, train):
+    _, first = train(module, exp_name="a", seed=3)
+    _, second = train(module, exp_name="b", seed=3)
+    _, other = train(module, exp_name="c", seed=4)
+    assert first["charts/episodic_return"] == second["charts/episodic_return"]
+    assert first["losses/value_loss"] == second["losses/value_loss"]
+    assert first["charts/episodic_return"] != other["charts/episodic_return"]
+
+
+@script
+def test_track_writes_an_offline_wandb_run(module, tmp_path):
+    # a subprocess, as users run it: wandb's TensorBoard patch outlives a run within one process
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    result = run_script(f"{module.__name__}.py", *flags, "--track", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    (run,) = glob.glob(f"{tmp_path}/wandb/offline-run-*")
+    assert glob.glob(f"{run}/*.wandb") and glob.glob(f"{tmp_path}/runs/*/events.out.tfevents.*")
+
+
+@script
+def test_existing_run_directory_is_never_reused(module, train):
+    now = int(time.time())
+    for t in range(now, now + 30):  # whatever second the run starts in, its folder exists
+        os.makedirs(f"runs/Hopper-v4__x__1__{t}/keep")
+    with pytest.raises(SystemExit, match="already exists"):
+        train(module, exp_name="x")
+    assert len(glob.glob("runs/*/keep")) == 30
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+BAD_INPUTS = [
+    (dict(policy_buffer=0), "--policy-buffer must be >= 1"),
+    (dict(num_minibatches=5), "not divisible by --num-minibatches 5"),
+    (dict(total_timesteps=0), "--total-timesteps must be positive"),
+    (dict(total_timesteps=-5), "--total-timesteps must be positive"),
+    (dict(total_timesteps=100), "less than one batch"),
+    (dict(env_id="Hoper-v4"), "unknown environment id 'Hoper-v4' (did you mean Hopper-v4?)"),
+    (dict(env_id="CartPole-v1"), "CartPole-v1 has a Discrete action space"),
+]
+
+
+@script
+@pytest.mark.parametrize("overrides, message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_input_is_one_clear_error(module, overrides, message, train):
+    with pytest.raises(SystemExit) as exc:
+        train(module, **overrides)
+    assert str(exc.value).startswith("error: ") and message in str(exc.value)
+    assert not os.path.exists("runs")  # nothing written
+
+
+@script
+def test_bad_input_from_the_command_line(module, tmp_path):
+    result = run_script(f"{module.__name__}.py", "--env-id", "CartPole-v1", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: CartPole-v1 has a Discrete action space")
