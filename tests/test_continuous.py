@@ -21,13 +21,17 @@ script = pytest.mark.parametrize("module", SCRIPTS, ids=lambda m: m.__name__)
 # --- GAE ----------------------------------------------------------------------------------------
 
 def random_batch(T=40, N=3, seed=0):
-    """Rewards, values, next values; terminations and time-limit truncations inside the batch."""
+    """Rewards, values, next values; terminations and time-limit truncations inside the batch.
+    As in a rollout, next_values[t] = values[t + 1] unless the episode ended at t (then it is
+    V(final observation), another state)."""
     g = torch.Generator().manual_seed(seed)
-    rewards, values, next_values = (torch.randn(T, N, generator=g) for _ in range(3))
+    rewards, values, final_values = (torch.randn(T, N, generator=g) for _ in range(3))
     terminations = (torch.rand(T, N, generator=g) < 0.08).float()
     truncations = (torch.rand(T, N, generator=g) < 0.08).float() * (1 - terminations)
     assert terminations.sum() > 0 and truncations.sum() > 0
-    return rewards, values, next_values, terminations, torch.clamp(terminations + truncations, max=1)
+    dones = torch.clamp(terminations + truncations, max=1)
+    next_values = torch.where(dones.bool(), final_values, torch.cat([values[1:], final_values[-1:]]))
+    return rewards, values, next_values, terminations, dones
 
 
 def gae_direct(rewards, values, next_values, terminations, dones, gamma, lam):

@@ -1,0 +1,176 @@
+"""VACO's two mechanisms: V-trace advantage alignment and TV filtering (vaco_continuous.py)."""
+
+import numpy as np
+import pytest
+import torch
+from test_continuous import random_batch
+
+import vaco_continuous as vaco
+
+GAMMA, LAM = 0.99, 0.95
+
+
+def lag_batch(T=40, N=3, seed=0, log_ratio_std=1.0):
+    """A batch with episodes ending inside it and log(pi_T / beta) ~ N(0, std): ratios far above
+    and below the clips. Returns the keyword arguments of vtrace_advantages."""
+    rewards, values, next_values, terminations, dones = random_batch(T, N, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    behavior = torch.randn(T, N, generator=g)
+    target = behavior + log_ratio_std * torch.randn(T, N, generator=g)
+    return dict(behavior_logprobs=behavior, target_logprobs=target, rewards=rewards, values=values,
+                next_values=next_values, terminations=terminations, dones=dones)
+
+
+def vtrace_direct(behavior_logprobs, target_logprobs, rewards, values, next_values, terminations, dones,
+                  gamma, lam, rho_bar, c_bar):
+    """The definition, summed term by term (O(T^2)):
+    v_s = V(s_s) + sum_{t >= s} (prod_{i=s}^{t-1} gamma_i c_i) delta_t, the product cut at episode ends;
+    A_s = r_s + gamma (1 - term_s) [V(s_{s+1}) + lam (1 - done_s) (v_{s+1} - V(s_{s+1}))] - V(s_s)."""
+    T, N = rewards.shape
+    rho = (target_logprobs - behavior_logprobs).exp()
+    deltas = rho.clamp(max=rho_bar) * (rewards + gamma * (1 - terminations) * next_values - values)
+    cs = lam * rho.clamp(max=c_bar)
+    vs = values.clone()
+    for n in range(N):
+        for s in range(T):
+            coef = 1.0
+            for t in range(s, T):
+                vs[s, n] += coef * deltas[t, n]
+                if dones[t, n]:
+                    break
+                coef *= gamma * cs[t, n]
+    advantages = torch.zeros(T, N)
+    for n in range(N):
+        for s in range(T):
+            trace = vs[s + 1, n] - values[s + 1, n] if s + 1 < T else 0.0
+            advantages[s, n] = (rewards[s, n] + gamma * (1 - terminations[s, n])
+                                * (next_values[s, n] + lam * (1 - dones[s, n]) * trace) - values[s, n])
+    return advantages, vs
+
+
+@pytest.mark.parametrize("rho_bar, c_bar", [(1.0, 1.0), (2.0, 0.5), (0.7, 1.3)])
+def test_vtrace_matches_its_definition(rho_bar, c_bar):
+    batch = lag_batch()
+    rho = (batch["target_logprobs"] - batch["behavior_logprobs"]).exp()
+    assert (rho > 2.5).any() and (rho < 0.3).any()  # both clips are active
+    got = vaco.vtrace_advantages(**batch, gamma=GAMMA, lam=LAM, rho_bar=rho_bar, c_bar=c_bar)
+    expected = vtrace_direct(**batch, gamma=GAMMA, lam=LAM, rho_bar=rho_bar, c_bar=c_bar)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_vtrace_on_policy_is_gae():
+    batch = lag_batch()
+    batch["target_logprobs"] = batch["behavior_logprobs"]  # beta = pi_T
+    advantages, value_targets = vaco.vtrace_advantages(**batch, gamma=GAMMA, lam=LAM)
+    gae = vaco.compute_gae(batch["rewards"], batch["values"], batch["next_values"], batch["terminations"],
+                           batch["dones"], GAMMA, LAM)
+    torch.testing.assert_close(advantages, gae, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(value_targets, gae + batch["values"], rtol=1e-5, atol=1e-5)
+
+
+def test_vtrace_is_cut_at_episode_boundaries():
+    batch = lag_batch(T=30)
+    batch["dones"][11] = 1.0  # every env's episode ends at t = 11 (terminated for env 0 only)
+    batch["terminations"][11] = torch.tensor([1.0, 0.0, 0.0])
+    whole = vaco.vtrace_advantages(**batch, gamma=GAMMA, lam=LAM)
+    first = vaco.vtrace_advantages(**{k: v[:12] for k, v in batch.items()}, gamma=GAMMA, lam=LAM)
+    second = vaco.vtrace_advantages(**{k: v[12:] for k, v in batch.items()}, gamma=GAMMA, lam=LAM)
+    for w, f, s in zip(whole, first, second):
+        torch.testing.assert_close(w, torch.cat([f, s]))
+
+
+def test_vtrace_agrees_with_torchrl():
+    functional = pytest.importorskip("torchrl.objectives.value.functional")
+    batch = lag_batch()
+    rho_bar, c_bar = 1.0, 0.9
+    # torchrl's V-trace has lambda = 1 and its advantage carries the min(rho_bar, rho) factor
+    advantages, value_targets = vaco.vtrace_advantages(**batch, gamma=GAMMA, lam=1.0, rho_bar=rho_bar, c_bar=c_bar)
+    to_torchrl = lambda x: x.T.unsqueeze(-1)  # noqa: E731  [T, N] -> [N, T, 1]
+    ref_advantages, ref_targets = functional.vtrace_advantage_estimate(
+        GAMMA, to_torchrl(batch["target_logprobs"]), to_torchrl(batch["behavior_logprobs"]),
+        to_torchrl(batch["values"]), to_torchrl(batch["next_values"]), to_torchrl(batch["rewards"]),
+        to_torchrl(batch["dones"]).bool(), to_torchrl(batch["terminations"]).bool(),
+        rho_thresh=rho_bar, c_thresh=c_bar,
+    )
+    rho = (batch["target_logprobs"] - batch["behavior_logprobs"]).exp()
+    torch.testing.assert_close(to_torchrl(value_targets), ref_targets, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(to_torchrl(rho.clamp(max=rho_bar) * advantages), ref_advantages, rtol=1e-5, atol=1e-5)
+
+
+# --- TV filter ----------------------------------------------------------------------------------
+
+RATIOS = torch.tensor([1.5, 0.5, 1.5, 0.5, 1.0])
+ADVANTAGES = torch.tensor([1.0, 1.0, -1.0, -1.0, 1.0])
+
+
+def filter_loss(tv_threshold):
+    newlogprob = RATIOS.log().requires_grad_()
+    loss, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, tv_threshold)
+    loss.backward()
+    return loss, tv, filtered_fraction, newlogprob.grad
+
+
+def test_tv_filter_above_threshold():
+    # tv = 1/2 mean|r - 1| = 0.2 > 0.1: samples 0 (A > 0, r > 1) and 3 (A < 0, r < 1) would move
+    # the policy further from beta and are filtered; sample 4 (r = 1) is not.
+    loss, tv, filtered_fraction, grad = filter_loss(tv_threshold=0.1)
+    assert tv.item() == pytest.approx(0.2)
+    assert filtered_fraction.item() == pytest.approx(0.4)
+    assert loss.item() == pytest.approx(-(1.5 + 0.5 - 1.5 - 0.5 + 1.0) / 5)  # all samples in the mean
+    # d(-r A / 5) / d log r = -r A / 5 on kept samples, exactly 0 on filtered ones
+    torch.testing.assert_close(grad, torch.tensor([0.0, -0.1, 0.3, 0.0, -0.2]))
+    assert grad[0].item() == 0.0 and grad[3].item() == 0.0
+
+
+def test_tv_filter_below_threshold_keeps_everything():
+    loss, tv, filtered_fraction, grad = filter_loss(tv_threshold=0.3)
+    assert filtered_fraction.item() == 0.0
+    torch.testing.assert_close(grad, torch.tensor([-0.3, -0.1, 0.3, 0.1, -0.2]))  # unclipped -r A / 5
+
+
+def test_tv_filter_has_no_ratio_clipping():
+    # far outside PPO's [0.8, 1.2] but on the side that brings pi back to beta: full gradient
+    newlogprob = torch.tensor([np.log(3.0)], requires_grad=True)
+    loss, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, torch.zeros(1), torch.tensor([-1.0]), 0.2)
+    loss.backward()
+    assert tv.item() == pytest.approx(1.0) and filtered_fraction.item() == 0.0
+    assert newlogprob.grad.item() == pytest.approx(3.0)
+
+
+# --- training runs ------------------------------------------------------------------------------
+
+ABLATIONS = {
+    "default": {},
+    "no-advantage-alignment": dict(advantage_alignment=False),
+    "no-tv-filter": dict(tv_filter=False),
+    "relative-threshold-realign": dict(tv_threshold_mode="relative", realign_every_epoch=True),
+}
+
+
+@pytest.mark.parametrize("overrides", ABLATIONS.values(), ids=ABLATIONS.keys())
+def test_vaco_runs_and_logs_filtering(overrides, train):
+    _, scalars = train(vaco, policy_buffer=4, total_timesteps=512, update_epochs=4, **overrides)
+    for tag in ["losses/tv_divergence", "charts/backward_tv", "charts/rho_clipped_fraction", "charts/tv_threshold"]:
+        assert len(scalars[tag]) == 4 and np.isfinite(scalars[tag]).all(), tag
+    assert scalars["charts/backward_tv"][0] == pytest.approx(0.0, abs=1e-5)
+    if overrides.get("tv_filter", True):
+        assert all(0.0 <= f <= 1.0 for f in scalars["losses/filtered_fraction"])
+    else:
+        assert "losses/filtered_fraction" not in scalars
+    relative = overrides.get("tv_threshold_mode") == "relative"
+    expected = [0.2 + (b if relative else 0.0) for b in scalars["charts/backward_tv"]]
+    np.testing.assert_allclose(scalars["charts/tv_threshold"], expected, rtol=1e-5)
+
+
+def test_tiny_threshold_filters(train):
+    # delta far below any drift: every minibatch past the first filters about half its samples
+    _, scalars = train(vaco, total_timesteps=256, tv_threshold=1e-6)
+    assert 0.2 < np.mean(scalars["losses/filtered_fraction"]) < 0.6
+
+
+@pytest.mark.parametrize("flag, value", [("tv_threshold", 0.0), ("tv_threshold", -0.1), ("rho_bar", 0.0),
+                                         ("c_bar", -1.0)])
+def test_vaco_bad_input(flag, value, train):
+    with pytest.raises(SystemExit, match=f"error: --{flag.replace('_', '-')} must be positive"):
+        train(vaco, **{flag: value})
