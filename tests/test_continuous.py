@@ -242,3 +242,10 @@ def test_bad_input_from_the_command_line(module, tmp_path):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: CartPole-v1 has a Discrete action space")
+
+
+@script
+def test_capture_video_records_env_0(module, train):
+    run_dir, _ = train(module, capture_video=True)
+    videos = glob.glob(f"videos/{os.path.basename(run_dir)}/*.mp4")
+    assert videos and all(os.path.getsize(v) > 1000 for v in videos)
