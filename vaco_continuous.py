@@ -90,7 +90,7 @@ class Args:
     num_minibatches: int = 32
     """the number of mini-batches"""
     update_epochs: int = 10
-    """the K epochs to update the policy"""
+    """the number of epochs over each batch"""
     norm_adv: bool = True
     """Toggles advantages normalization (per minibatch)"""
     clip_coef: float = 0.2
@@ -123,7 +123,7 @@ class Args:
 
     # Simulated asynchrony
     policy_buffer: int = 1
-    """K: actors act with one of the learner's last K policy snapshots (1 = synchronous PPO)"""
+    """K: actors act with one of the learner's last K policy snapshots (1 = synchronous training)"""
     async_envs: bool = False
     """step the envs in subprocesses (gymnasium AsyncVectorEnv); pays off only when one env step
     costs much more than the inter-process round trip, or with many cores"""
