@@ -563,8 +563,11 @@ def train(args: Args):
 
     train_problems, test_problems = load_problems(args)
     model, tokenizer, eos_ids = load_model(args, device, torch.float32)
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.gradient_checkpointing:  # renamed in recent transformers 5.x releases; both work
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref_model = None
     if args.beta > 0:  # a frozen copy of the initial policy for the KL penalty
         import copy

@@ -70,10 +70,10 @@ def jsonl_path(tmp_path_factory):
 
 def tiny_args(model_dir, dataset_path, **overrides):
     """Arguments for a run that takes seconds on a CPU."""
-    args = g.Args(model_id=model_dir, dataset_path=dataset_path, num_steps=2, num_prompts=2, group_size=4,
-                  num_minibatches=2, micro_batch_size=0, max_new_tokens=8, eval_size=2, eval_every=1,
-                  eval_batch_size=2, learning_rate=1e-3, num_threads=1)
-    return replace(args, **overrides)
+    defaults = dict(model_id=model_dir, dataset_path=dataset_path, num_steps=2, num_prompts=2, group_size=4,
+                    num_minibatches=2, micro_batch_size=0, max_new_tokens=8, eval_size=2, eval_every=1,
+                    eval_batch_size=2, learning_rate=1e-3, num_threads=1)
+    return g.Args(**{**defaults, **overrides})
 
 
 def load(model_dir, **overrides):
@@ -301,3 +301,85 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, loss):
             break
     assert sum(history[:2]) / 2 < 0.35, history  # starts near chance
     assert min(history[-3:]) >= 0.9, history
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: smoke runs, data split, bad input
+# ---------------------------------------------------------------------------------------------
+def run_script(cwd, *argv):
+    return subprocess.run([sys.executable, str(ROOT / "grpo_vaco_gsm8k.py"), *argv], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def tiny_cli(model_dir, dataset_path):
+    return ["--model-id", model_dir, "--dataset-path", dataset_path, "--num-steps", "2", "--num-prompts", "2",
+            "--group-size", "4", "--num-minibatches", "2", "--max-new-tokens", "8", "--eval-size", "2",
+            "--eval-every", "1", "--eval-batch-size", "2", "--num-threads", "1"]
+
+
+@pytest.mark.parametrize("loss, extra", [("clip", []), ("vaco", ["--micro-batch-size", "2", "--beta", "0.05"])])
+def test_smoke_run_logs_and_saves(tiny_model_dir, jsonl_path, tmp_path, loss, extra):
+    result = run_script(tmp_path, *tiny_cli(tiny_model_dir, jsonl_path), "--loss", loss, "--save-model",
+                        "--save-path", str(tmp_path / "saved"), *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 2/2" in result.stdout and "SPS:" in result.stdout and "accuracy before" in result.stdout
+    assert len(list((tmp_path / "runs").glob("*/events.out.tfevents.*"))) == 1
+    from transformers import AutoModelForCausalLM
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(next((tmp_path / "runs").glob("gsm8k__*")))).Reload()
+    for tag in ("charts/reward_mean", "eval/accuracy", "losses/tv", "losses/filtered_fraction", "losses/clip_fraction",
+                "losses/entropy", "lag/tv_minibatch_1", "perf/gen_tokens_per_s", "charts/SPS"):
+        assert tag in events.Tags()["scalars"], tag
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [0, 1, 2]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert model.config.hidden_size == 64 and (tmp_path / "saved" / "tokenizer.json").exists()
+
+
+def test_held_out_split(tiny_model_dir, jsonl_path):
+    train, test = g.load_problems(tiny_args(tiny_model_dir, jsonl_path, eval_size=2))
+    assert len(train) == 4 and len(test) == 2
+    assert not {q for q, _ in train} & {q for q, _ in test}
+    assert dict(train + test)[PROBLEMS[2][0]] == "950"  # gold parsed from '#### 950'
+
+
+@pytest.fixture
+def bad_input(tmp_path, tiny_model_dir, jsonl_path):
+    malformed = tmp_path / "bad.jsonl"
+    malformed.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n{not json\n")
+    no_gold = tmp_path / "nogold.jsonl"
+    no_gold.write_text(json.dumps({"question": "q", "answer": "just text"}) + "\n")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("mine")
+    return {
+        "missing dataset": (dict(dataset_path=str(tmp_path / "nope.jsonl")), "dataset file not found"),
+        "malformed line": (dict(dataset_path=str(malformed)), "bad.jsonl:2: malformed line"),
+        "no #### answer": (dict(dataset_path=str(no_gold)), "nogold.jsonl:1: malformed line"),
+        "indivisible batch": (dict(num_prompts=3, group_size=2, num_minibatches=4), "not divisible by --num-minibatches 4"),
+        "group of one": (dict(group_size=1), "--group-size must be at least 2"),
+        "unknown model": (dict(model_id=str(tmp_path / "no_such_model")), "cannot load model"),
+        "save path exists": (dict(save_model=True, save_path=str(existing)), "already exists"),
+        "too few problems": (dict(eval_size=6), "need more than --eval-size 6"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing dataset", "malformed line", "no #### answer", "indivisible batch",
+                                  "group of one", "unknown model", "save path exists", "too few problems"])
+def test_bad_input_is_one_line_and_exit_2(bad_input, tiny_model_dir, jsonl_path, capsys, case):
+    overrides, message = bad_input[case]
+    with pytest.raises(SystemExit) as exit_info:
+        g.main(replace(tiny_args(tiny_model_dir, jsonl_path), **overrides))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    if case == "save path exists":
+        assert os.listdir(overrides["save_path"]) == ["keep.txt"]
+
+
+def test_bad_input_from_the_command_line_has_no_traceback(tmp_path, tiny_model_dir, jsonl_path):
+    result = run_script(tmp_path, *tiny_cli(tiny_model_dir, jsonl_path), "--num-minibatches", "3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: the batch (--num-prompts 2 x --group-size 4 = 8 completions) is not divisible by --num-minibatches 3"
+    ]
