@@ -398,7 +398,9 @@ def grpo_step(model, optimizer, tokenizer, prompts, golds, reward_fn: Callable[[
                 loss, clip_fraction = clip_token_loss(newlogprobs, beh, advantages[micro], m_mask, args.clip_coef, num_tokens)
                 _, tv, filtered = vaco_token_loss(newlogprobs.detach(), beh, advantages[micro], m_mask, args.tv_threshold)
             if ref_model is not None:
-                kl = (k3_kl(newlogprobs, ref_logprobs[micro]) * m_mask).sum() / num_tokens
+                # padding gets ref = new: k3 = 0 there, and no overflow from whatever sits in it
+                ref = torch.where(m_mask.bool(), ref_logprobs[micro], newlogprobs.detach())
+                kl = (k3_kl(newlogprobs, ref) * m_mask).sum() / num_tokens
                 loss = loss + args.beta * kl
                 acc["kl"] += kl.item()
             loss.backward()  # gradients accumulate over micro-batches; the sum is the minibatch gradient
@@ -413,9 +415,7 @@ def grpo_step(model, optimizer, tokenizer, prompts, golds, reward_fn: Callable[[
             if ratio.numel():
                 acc["ratio_min"] = min(acc["ratio_min"], ratio.min().item())
                 acc["ratio_max"] = max(acc["ratio_max"], ratio.max().item())
-            acc["tv"] += tv.item() * (1.0 if tv_minibatch is not None else share)
-        if tv_minibatch is not None:  # every micro-batch reported the same minibatch tv
-            acc["tv"] = tv_minibatch.item()
+            acc["tv"] += tv.item() * share  # token-weighted mean of micro-batch TVs = the minibatch TV
         acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm).item()
         optimizer.step()
         for key in per_mb:
