@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -111,11 +112,11 @@ def main():
         rng = random.Random(0)
         data = CACHE / "arithmetic.jsonl"
         data.write_text("".join(json.dumps(make_problem(rng)) + "\n" for _ in range(600)))
-        model = a.model_id or str(smollm2_dir())
+        model = a.model_id or os.path.relpath(smollm2_dir(), ROOT)  # runs start in the repository root
         # sized for ~30 minutes in all on one core (8 runs of ~4 minutes): 16 completions a step,
         # 6 steps. At T = 0.7 with this instruction the model starts at a reward of ~0.3 (at T = 1
         # or with longer answers it is near 0, and GRPO gets no signal).
-        common = ["--model-id", model, "--dataset-path", str(data), "--num-steps", str(a.num_steps or 6),
+        common = ["--model-id", model, "--dataset-path", os.path.relpath(data, ROOT), "--num-steps", str(a.num_steps or 6),
                   "--num-prompts", "4", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
                   "--learning-rate", "2e-5", "--eval-size", "60", "--eval-every", "0", "--eval-batch-size", "60",
                   "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1",
@@ -128,8 +129,8 @@ def main():
     common += ["--seed", str(a.seed)] + a.extra.split()
 
     header = [f"Setting: {setting}.", "",
-              "Command: `" + " ".join(["python", "benchmark/grpo_forward_lag.py", *sys.argv[1:]]) + "`", "",
-              "Every run: `python grpo_vaco_gsm8k.py " + " ".join(common) + " --loss L --num-minibatches N`", "",
+              "Command: `" + shlex.join(["python", "benchmark/grpo_forward_lag.py", *sys.argv[1:]]) + "`", "",
+              "Every run: `python grpo_vaco_gsm8k.py " + shlex.join(common) + " --loss L --num-minibatches N`", "",
               "| loss | N | accuracy before | accuracy after | mean reward, first 3 steps | last 3 steps "
               "| mean tv | filtered | clipped | seconds |",
               "|---|---|---|---|---|---|---|---|---|---|"]
