@@ -109,8 +109,9 @@ def test_policy_buffer_ages_and_frozen_snapshots(module):
 
 @script
 def test_final_observation_of_a_truncated_episode_is_kept(module):
-    gym.register("ThreeStepPendulum-v0", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
-                 max_episode_steps=3)
+    if "ThreeStepPendulum-v0" not in gym.registry:
+        gym.register("ThreeStepPendulum-v0", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
+                     max_episode_steps=3)
     envs = module.make_envs(module.Args(env_id="ThreeStepPendulum-v0", num_envs=2), run_name="test")
     reference = gym.make("ThreeStepPendulum-v0")  # env 1 on its own, same seed and actions
     obs, _ = envs.reset(seed=7)
