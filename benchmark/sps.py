@@ -6,6 +6,9 @@ ppo_continuous_action settings (1 env, 2048 steps, 32 minibatches, 10 epochs) an
 `SPS: <n>` it prints. Medians over repeats; ratios are what to compare across machines.
 
     python benchmark/sps.py --env-id Ant-v4 --scripts ppo_continuous.py vaco_continuous.py
+
+A script outside the repository can be timed too (an absolute path), e.g. CleanRL's
+ppo_continuous_action.py as a same-machine reference: it takes the same flags.
 """
 
 import os
@@ -29,7 +32,7 @@ class Args:
     env_id: str = "Ant-v4"
     """the MuJoCo task"""
     scripts: list[str] = field(default_factory=lambda: ["ppo_continuous.py"])
-    """training scripts to time (paths relative to the repository root); ratios are against the first"""
+    """training scripts to time (relative to the repository root, or absolute); ratios are against the first"""
     iterations: int = 5
     """updates per timed run (2048 env steps each)"""
     raw_steps: int = 10000
