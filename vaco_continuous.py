@@ -419,8 +419,9 @@ def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold):
     Filtered samples give zero gradient but stay in the mean's denominator. No ratio clipping.
     """
     ratio = (newlogprob - behavior_logprob).exp()
-    tv = 0.5 * (ratio.detach() - 1).abs().mean()
-    filtered = (advantages * torch.sign(ratio.detach() - 1) > 0) & (tv > tv_threshold)
+    deviation = ratio.detach() - 1
+    tv = 0.5 * deviation.abs().mean()
+    filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (r - 1) > 0: same sign
     surrogate = ratio * advantages
     surrogate = torch.where(filtered, surrogate.detach(), surrogate)
     return -surrogate.mean(), tv, filtered.float().mean()

@@ -67,6 +67,7 @@ def plot(groups, path):
     import matplotlib.pyplot as plt
 
     envs = sorted({env_id for env_id, _ in groups})
+    colors = {name: f"C{i % 10}" for i, name in enumerate(sorted({name for _, name in groups}))}
     fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 3.6), squeeze=False)
     for ax, env_id in zip(axes[0], envs):
         for (env, exp_name), runs in sorted(groups.items()):
@@ -75,8 +76,7 @@ def plot(groups, path):
             for i, (steps, returns) in enumerate(runs):
                 window = min(100, len(returns))  # moving average over episodes
                 smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
-                ax.plot(steps[window - 1:], smooth, label=exp_name if i == 0 else None,
-                        color=f"C{sorted(groups).index((env, exp_name)) % 10}")
+                ax.plot(steps[window - 1:], smooth, label=exp_name if i == 0 else None, color=colors[exp_name])
         ax.set_title(env_id)
         ax.set_xlabel("environment steps")
         ax.set_ylabel("episodic return (moving average)")
