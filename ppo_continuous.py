@@ -226,18 +226,23 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     return layer
 
 
+def mlp(in_dim, out_dim, out_std):
+    """64-64 tanh MLP, orthogonal init; the output layer's gain sets the initial output scale."""
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, out_dim), std=out_std),
+    )
+
+
 class Actor(nn.Module):
     """Gaussian policy: an MLP for the mean, a state-independent log-std."""
 
     def __init__(self, obs_dim, act_dim):
         super().__init__()
-        self.mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, act_dim), std=0.01),
-        )
+        self.mean = mlp(obs_dim, act_dim, out_std=0.01)  # near-zero initial means
         self.logstd = nn.Parameter(torch.zeros(1, act_dim))
 
     def forward(self, obs):
@@ -248,13 +253,7 @@ class Actor(nn.Module):
 class Agent(nn.Module):
     def __init__(self, obs_dim, act_dim):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
         self.actor = Actor(obs_dim, act_dim)
 
     def get_value(self, obs):
