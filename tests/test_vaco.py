@@ -1,13 +1,17 @@
-"""VACO's two mechanisms: V-trace advantage alignment and TV filtering (vaco_continuous.py)."""
+"""VACO's two mechanisms: V-trace advantage alignment and TV filtering. The unit tests run against
+every script that implements them (vaco_continuous.py, vaco_async.py)."""
 
 import numpy as np
 import pytest
 import torch
 from test_continuous import random_batch
 
+import vaco_async
 import vaco_continuous as vaco
 
 GAMMA, LAM = 0.99, 0.95
+# the parameter shadows the module `vaco` inside each unit test
+every_script = pytest.mark.parametrize("vaco", [vaco, vaco_async], ids=lambda m: m.__name__)
 
 
 def lag_batch(T=40, N=3, seed=0, log_ratio_std=1.0):
@@ -48,8 +52,9 @@ def vtrace_direct(behavior_logprobs, target_logprobs, rewards, values, next_valu
     return advantages, vs
 
 
+@every_script
 @pytest.mark.parametrize("rho_bar, c_bar", [(1.0, 1.0), (2.0, 0.5), (0.7, 1.3)])
-def test_vtrace_matches_its_definition(rho_bar, c_bar):
+def test_vtrace_matches_its_definition(vaco, rho_bar, c_bar):
     batch = lag_batch()
     rho = (batch["target_logprobs"] - batch["behavior_logprobs"]).exp()
     assert (rho > 2.5).any() and (rho < 0.3).any()  # both clips are active
@@ -59,7 +64,8 @@ def test_vtrace_matches_its_definition(rho_bar, c_bar):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
-def test_vtrace_on_policy_is_gae():
+@every_script
+def test_vtrace_on_policy_is_gae(vaco):
     batch = lag_batch()
     batch["target_logprobs"] = batch["behavior_logprobs"]  # beta = pi_T
     advantages, value_targets = vaco.vtrace_advantages(**batch, gamma=GAMMA, lam=LAM)
@@ -69,7 +75,8 @@ def test_vtrace_on_policy_is_gae():
     torch.testing.assert_close(value_targets, gae + batch["values"], rtol=1e-5, atol=1e-5)
 
 
-def test_vtrace_is_cut_at_episode_boundaries():
+@every_script
+def test_vtrace_is_cut_at_episode_boundaries(vaco):
     batch = lag_batch(T=30)
     batch["dones"][11] = 1.0  # every env's episode ends at t = 11 (terminated for env 0 only)
     batch["terminations"][11] = torch.tensor([1.0, 0.0, 0.0])
@@ -80,7 +87,8 @@ def test_vtrace_is_cut_at_episode_boundaries():
         torch.testing.assert_close(w, torch.cat([f, s]))
 
 
-def test_vtrace_agrees_with_torchrl():
+@every_script
+def test_vtrace_agrees_with_torchrl(vaco):
     functional = pytest.importorskip("torchrl.objectives.value.functional")
     batch = lag_batch()
     rho_bar, c_bar = 1.0, 0.9
@@ -104,17 +112,18 @@ RATIOS = torch.tensor([1.5, 0.5, 1.5, 0.5, 1.0])
 ADVANTAGES = torch.tensor([1.0, 1.0, -1.0, -1.0, 1.0])
 
 
-def filter_loss(tv_threshold):
+def filter_loss(vaco, tv_threshold):
     newlogprob = RATIOS.log().requires_grad_()
     loss, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, tv_threshold)
     loss.backward()
     return loss, tv, filtered_fraction, newlogprob.grad
 
 
-def test_tv_filter_above_threshold():
+@every_script
+def test_tv_filter_above_threshold(vaco):
     # tv = 1/2 mean|r - 1| = 0.2 > 0.1: samples 0 (A > 0, r > 1) and 3 (A < 0, r < 1) would move
     # the policy further from beta and are filtered; sample 4 (r = 1) is not.
-    loss, tv, filtered_fraction, grad = filter_loss(tv_threshold=0.1)
+    loss, tv, filtered_fraction, grad = filter_loss(vaco, tv_threshold=0.1)
     assert tv.item() == pytest.approx(0.2)
     assert filtered_fraction.item() == pytest.approx(0.4)
     assert loss.item() == pytest.approx(-(1.5 + 0.5 - 1.5 - 0.5 + 1.0) / 5)  # all samples in the mean
@@ -123,13 +132,15 @@ def test_tv_filter_above_threshold():
     assert grad[0].item() == 0.0 and grad[3].item() == 0.0
 
 
-def test_tv_filter_below_threshold_keeps_everything():
-    loss, tv, filtered_fraction, grad = filter_loss(tv_threshold=0.3)
+@every_script
+def test_tv_filter_below_threshold_keeps_everything(vaco):
+    loss, tv, filtered_fraction, grad = filter_loss(vaco, tv_threshold=0.3)
     assert filtered_fraction.item() == 0.0
     torch.testing.assert_close(grad, torch.tensor([-0.3, -0.1, 0.3, 0.1, -0.2]))  # unclipped -r A / 5
 
 
-def test_tv_filter_has_no_ratio_clipping():
+@every_script
+def test_tv_filter_has_no_ratio_clipping(vaco):
     # far outside PPO's [0.8, 1.2] but on the side that brings pi back to beta: full gradient
     newlogprob = torch.tensor([np.log(3.0)], requires_grad=True)
     loss, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, torch.zeros(1), torch.tensor([-1.0]), 0.2)
