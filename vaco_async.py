@@ -1234,7 +1234,10 @@ def main(args: Args):
     if recent_returns:
         print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
               f"{np.mean(recent_returns):.1f}")
-    print(f"segments: {used} used, {dropped} dropped, {comm.received} received", flush=True)
+    elapsed = time.time() - start_time
+    print(f"segments: {used} used, {dropped} dropped, {comm.received} received | time waiting: learner "
+          f"{learner_wait / elapsed:.0%} (for data), actors {np.mean(list(actor_wait.values()) or [0]):.0%} "
+          "(for replies)", flush=True)
     # Checkpoint before the actors are told to stop: under torchrun a SIGTERM is followed by a
     # SIGKILL if the shutdown takes long. An interrupted or failed run always keeps its state.
     model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
@@ -1260,14 +1263,16 @@ def main(args: Args):
     writer.close()
     if args.track:
         wandb.finish()
+    code = 0 if stopped is None else stopped.code
     if stopped is not None:
         print(f"error: stopped at step {global_step}, version {version}: {stopped}; continue with --resume {model_path}",
               file=sys.stderr, flush=True)
-    if comm.is_alive():  # still blocked in a receive from an actor that never answered: leave now
+    if comm.is_alive():  # blocked in a receive from an actor that never answered the stop: leave now
+        print(f"actors {sorted(set(comm.live()) - comm.dismissed)} did not answer the stop; their processes "
+              "were killed (local launch) or are left to the launcher", flush=True)
         sys.stdout.flush()
-        os._exit(stopped.code if stopped is not None else 1)
-    if stopped is not None:
-        sys.exit(stopped.code)
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,27 @@
 """Throughput of the training scripts against the physical limit: the raw environment.
 
 For each repeat it measures, in this one process and run, the raw step rate of a single
-`gym.make(env_id)` env driven with random actions, then runs each script with CleanRL's
-ppo_continuous_action settings (1 env, 2048 steps, 32 minibatches, 10 epochs) and reads the last
-`SPS: <n>` it prints. Medians over repeats; ratios are what to compare across machines.
+`gym.make(env_id)` env driven with random actions, then runs each script with the same batch and
+update settings (by default CleanRL's ppo_continuous_action: 1 env, 2048 steps, 32 minibatches,
+10 epochs) and reads the last `SPS: <n>` it prints. Medians over repeats; ratios are what to
+compare across machines.
 
     python benchmark/sps.py --env-id Ant-v4 --scripts ppo_continuous.py vaco_continuous.py
 
-A script outside the repository can be timed too (an absolute path), e.g. CleanRL's
-ppo_continuous_action.py as a same-machine reference: it takes the same flags.
+A script entry may carry its own flags, e.g. the asynchronous script with 1 and 2 actor processes
+at the synchronous scripts' defaults (8 envs x 256 steps, split across the actors):
+
+    python benchmark/sps.py --env-id Ant-v4 --num-envs 8 --num-steps 256 \\
+        --scripts vaco_continuous.py "vaco_async.py --num-actors 1" "vaco_async.py --num-actors 2"
+
+For vaco_async.py it also reports the share of time the learner waited for data and the actors
+waited for replies (medians). A script outside the repository can be timed too (an absolute
+path), e.g. CleanRL's ppo_continuous_action.py as a same-machine reference: it takes the same flags.
 """
 
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -32,9 +41,14 @@ class Args:
     env_id: str = "Ant-v4"
     """the MuJoCo task"""
     scripts: list[str] = field(default_factory=lambda: ["ppo_continuous.py"])
-    """training scripts to time (relative to the repository root, or absolute); ratios are against the first"""
+    """training scripts to time, each optionally with its own flags ("vaco_async.py --num-actors 2"),
+    relative to the repository root or absolute; ratios are against the first"""
+    num_envs: int = 1
+    """envs of every script (vaco_async.py: in total, across its actors)"""
+    num_steps: int = 2048
+    """steps per env per update (vaco_async.py: per segment)"""
     iterations: int = 5
-    """updates per timed run (2048 env steps each)"""
+    """updates per timed run (num_envs x num_steps env steps each)"""
     raw_steps: int = 10000
     """env steps of each raw-rate measurement"""
     repeats: int = 3
@@ -60,33 +74,44 @@ def raw_env_rate(env_id, steps, seed=0):
     return rate
 
 
-def script_sps(script, env_id, iterations, extra):
-    """The last `SPS: <n>` a short training run of `script` prints."""
-    cmd = [sys.executable, os.path.join(ROOT, script), "--env-id", env_id, "--num-envs", "1",
-           "--num-steps", "2048", "--num-minibatches", "32", "--update-epochs", "10",
-           "--total-timesteps", str(2048 * iterations), *extra.split()]
+def script_sps(entry, args):
+    """(the last `SPS: <n>` a short training run of `entry` prints, and the learner's and actors'
+    shares of time spent waiting when it reports them, else None)."""
+    script, *own_flags = shlex.split(entry)
+    cmd = [sys.executable, os.path.join(ROOT, script), "--env-id", args.env_id, "--num-envs", str(args.num_envs),
+           "--num-steps", str(args.num_steps), "--num-minibatches", "32", "--update-epochs", "10",
+           "--total-timesteps", str(args.num_envs * args.num_steps * args.iterations), *shlex.split(args.extra),
+           *own_flags]
     with tempfile.TemporaryDirectory() as tmp:  # its runs/ folder is thrown away
         out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, check=True).stdout
-    return int(re.findall(r"SPS: (\d+)", out)[-1])
+    waits = re.search(r"time waiting: learner (\d+)% .*, actors (\d+)%", out)
+    return int(re.findall(r"SPS: (\d+)", out)[-1]), waits and tuple(int(w) for w in waits.groups())
 
 
 def main(args: Args):
-    raw, sps = [], {script: [] for script in args.scripts}
+    raw, sps, waits = [], {entry: [] for entry in args.scripts}, {entry: [] for entry in args.scripts}
     for repeat in range(args.repeats):
         raw.append(raw_env_rate(args.env_id, args.raw_steps, seed=repeat))
-        for script in args.scripts:
-            sps[script].append(script_sps(script, args.env_id, args.iterations, args.extra))
+        for entry in args.scripts:
+            rate, waited = script_sps(entry, args)
+            sps[entry].append(rate)
+            if waited:
+                waits[entry].append(waited)
         print(f"repeat {repeat + 1}/{args.repeats}: raw {raw[-1]:.0f} steps/s, "
               + ", ".join(f"{s} {v[-1]} SPS" for s, v in sps.items()), flush=True)
     raw_median = statistics.median(raw)
     first = statistics.median(sps[args.scripts[0]])
-    print(f"\n{args.env_id}, 1 env x 2048 steps, 32 minibatches x 10 epochs, {args.iterations} updates, "
-          f"medians of {args.repeats} {args.extra}")
-    print(f"{'':24s} {'SPS':>7s} {'/ raw env':>10s} {'/ ' + args.scripts[0]:>24s}")
-    print(f"{'raw env (random actions)':24s} {raw_median:7.0f} {1.0:10.2f}")
-    for script, values in sps.items():
+    width = max(24, *(len(entry) for entry in args.scripts))
+    print(f"\n{args.env_id}, {args.num_envs} env(s) x {args.num_steps} steps, 32 minibatches x 10 epochs, "
+          f"{args.iterations} updates, medians of {args.repeats} {args.extra}")
+    print(f"{'':{width}s} {'SPS':>7s} {'/ raw env':>10s} {'/ ' + args.scripts[0]:>{width}s}  waiting: learner, actors")
+    print(f"{'raw env (random actions)':{width}s} {raw_median:7.0f} {1.0:10.2f}")
+    for entry, values in sps.items():
         median = statistics.median(values)
-        print(f"{script:24s} {median:7.0f} {median / raw_median:10.2f} {median / first:24.2f}")
+        waited = ""
+        if waits[entry]:
+            waited = "  " + ", ".join(f"{statistics.median(column):.0f}%" for column in zip(*waits[entry]))
+        print(f"{entry:{width}s} {median:7.0f} {median / raw_median:10.2f} {median / first:{width}.2f}{waited}")
 
 
 if __name__ == "__main__":
