@@ -269,6 +269,7 @@ def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
 
 
+# --8<-- [start:lag_simulator]
 class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
@@ -302,8 +303,10 @@ def act(policy_buffer, groups, obs, generator):
             mean[envs_idx], logstd[envs_idx] = policy_buffer[age](obs[envs_idx])
     action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
     return action, gaussian_logprob(action, mean, logstd)
+# --8<-- [end:lag_simulator]
 
 
+# --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
 
@@ -321,8 +324,10 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages
+# --8<-- [end:compute_gae]
 
 
+# --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
     """GAE advantages and return targets from the learner's *current* critic (the actors have
@@ -334,8 +339,10 @@ def estimate_advantages(agent, b, args):
     advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
                              args.gamma, args.gae_lambda)
     return values, target_logprobs, advantages, advantages + values
+# --8<-- [end:estimate_advantages]
 
 
+# --8<-- [start:ppo_policy_loss]
 def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
         L = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),   r = pi_theta(a|s) / beta(a|s)
@@ -344,6 +351,7 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
+# --8<-- [end:ppo_policy_loss]
 
 
 def save_checkpoint(path, agent, optimizer, obs_rms, args, global_step):
@@ -468,6 +476,7 @@ def main(args: Args):
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
+        # --8<-- [start:rollout]
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
         groups = [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
@@ -496,6 +505,7 @@ def main(args: Args):
                     recent_returns.append(float(infos["episode"]["r"][i]))
                     writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
                     writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
+        # --8<-- [end:rollout]
 
         b = {
             key: torch.as_tensor(value, device=device)
@@ -523,6 +533,7 @@ def main(args: Args):
                 entropy = gaussian_entropy(logstd)
                 newvalue = agent.get_value(mb["obs"])
 
+                # --8<-- [start:minibatch_loss]
                 mb_advantages = mb["advantages"]
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
@@ -551,6 +562,7 @@ def main(args: Args):
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+                # --8<-- [end:minibatch_loss]
 
                 with torch.no_grad():
                     stats["policy_loss"].append(pg_loss)

@@ -297,6 +297,7 @@ def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
 
 
+# --8<-- [start:lag_simulator]
 class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
@@ -330,8 +331,10 @@ def act(policy_buffer, groups, obs, generator):
             mean[envs_idx], logstd[envs_idx] = policy_buffer[age](obs[envs_idx])
     action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
     return action, gaussian_logprob(action, mean, logstd)
+# --8<-- [end:lag_simulator]
 
 
+# --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
 
@@ -349,8 +352,10 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages
+# --8<-- [end:compute_gae]
 
 
+# --8<-- [start:vtrace_advantages]
 def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_values,
                       terminations, dones, gamma, lam, rho_bar=1.0, c_bar=1.0):
     """All inputs are float tensors shaped [T, N] (time-major); returns (advantages, value_targets).
@@ -377,8 +382,10 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
     advantages = (rewards + gamma * (1.0 - terminations)
                   * (next_values + lam * (1.0 - dones) * next_vs_minus_values) - values)
     return advantages, values + vs_minus_values
+# --8<-- [end:vtrace_advantages]
 
 
+# --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
     """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
@@ -396,8 +403,10 @@ def estimate_advantages(agent, b, args):
         b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
     )
     return values, target_logprobs, advantages, value_targets
+# --8<-- [end:estimate_advantages]
 
 
+# --8<-- [start:ppo_policy_loss]
 def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
         L = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),   r = pi_theta(a|s) / beta(a|s)
@@ -406,8 +415,10 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
+# --8<-- [end:ppo_policy_loss]
 
 
+# --8<-- [start:vaco_policy_loss]
 def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold):
     """TV filtering. Returns (loss, tv, filtered_fraction).
 
@@ -424,6 +435,7 @@ def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold):
     surrogate = ratio * advantages
     surrogate = torch.where(filtered, surrogate.detach(), surrogate)
     return -surrogate.mean(), tv, filtered.float().mean()
+# --8<-- [end:vaco_policy_loss]
 
 
 def save_checkpoint(path, agent, optimizer, obs_rms, args, global_step):
@@ -548,6 +560,7 @@ def main(args: Args):
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
+        # --8<-- [start:rollout]
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
         groups = [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
@@ -576,6 +589,7 @@ def main(args: Args):
                     recent_returns.append(float(infos["episode"]["r"][i]))
                     writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
                     writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
+        # --8<-- [end:rollout]
 
         b = {
             key: torch.as_tensor(value, device=device)
@@ -610,6 +624,7 @@ def main(args: Args):
                 entropy = gaussian_entropy(logstd)
                 newvalue = agent.get_value(mb["obs"])
 
+                # --8<-- [start:minibatch_loss]
                 mb_advantages = mb["advantages"]
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
@@ -638,6 +653,7 @@ def main(args: Args):
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+                # --8<-- [end:minibatch_loss]
 
                 with torch.no_grad():
                     stats["policy_loss"].append(pg_loss)
