@@ -106,10 +106,12 @@ class Args:
 
     # VACO
     tv_threshold: float = 0.2
-    """delta: filter samples once the minibatch's TV(pi_theta, beta) exceeds it"""
-    tv_threshold_mode: Literal["absolute", "relative"] = "absolute"
-    """absolute: the threshold is delta; relative: delta + TV(pi_T, beta) measured at the start of
-    the update, a budget on top of the backward lag so that a very stale batch is not frozen whole"""
+    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it"""
+    tv_reference: Literal["behaviour", "proximal"] = "behaviour"
+    """the policy the TV filter measures against. behaviour: beta, the paper's rule (the TV then
+    holds backward and forward lag together); proximal: pi_T, the learner's policy at the start of
+    the update (Hilton et al. 2021), so the filter bounds only the forward drift while alignment
+    handles the backward lag. The surrogate's ratio stays pi_theta/beta either way; K = 1: equal"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance ratios in the TD errors (rho-bar)"""
     c_bar: float = 1.0
@@ -408,19 +410,24 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
 
 
-def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold):
+def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, reference_logprob=None):
     """TV filtering. Returns (loss, tv, filtered_fraction).
 
-        r = pi_theta(a|s) / beta(a|s),   TV(pi_theta, beta) ~ tv = 1/2 mean|r - 1|
-        if tv > delta: filter a sample when A * sign(r - 1) > 0, i.e. when following its gradient
-                       would move r further from 1 (the policy further from beta)
+        r = pi_theta(a|s) / beta(a|s),     the surrogate's importance ratio
+        q = pi_theta(a|s) / pi_ref(a|s),   pi_ref = beta (the paper), or pi_T (`reference_logprob`)
+        TV(pi_theta, pi_ref) ~ tv = 1/2 mean|q - 1|
+        if tv > delta: filter a sample when A * sign(q - 1) > 0, i.e. when following its gradient
+                       would move q further from 1 (the policy further from pi_ref)
         L = -mean( r * A for kept samples,  sg(r * A) for filtered ones )
     Filtered samples give zero gradient but stay in the mean's denominator. No ratio clipping.
     """
     ratio = (newlogprob - behavior_logprob).exp()
-    deviation = ratio.detach() - 1
+    if reference_logprob is None:  # the paper's rule: the reference is the behaviour policy
+        deviation = ratio.detach() - 1
+    else:
+        deviation = (newlogprob.detach() - reference_logprob).exp() - 1
     tv = 0.5 * deviation.abs().mean()
-    filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (r - 1) > 0: same sign
+    filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (q - 1) > 0: same sign
     surrogate = ratio * advantages
     surrogate = torch.where(filtered, surrogate.detach(), surrogate)
     return -surrogate.mean(), tv, filtered.float().mean()
@@ -588,12 +595,10 @@ def main(args: Args):
         backward_tv = 0.5 * (start_ratio - 1).abs().mean().item()
         writer.add_scalar("charts/backward_tv", backward_tv, global_step)
         writer.add_scalar("charts/rho_clipped_fraction", (start_ratio > args.rho_bar).float().mean().item(), global_step)
-        tv_threshold = args.tv_threshold + (backward_tv if args.tv_threshold_mode == "relative" else 0.0)
-        writer.add_scalar("charts/tv_threshold", tv_threshold, global_step)
 
         # flatten the batch: [T, N, ...] -> [T * N, ...]
         flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns)
+                    returns=returns, proximal_logprobs=target_logprobs)
         flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
 
         # Optimizing the policy and value network
@@ -614,12 +619,15 @@ def main(args: Args):
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-                # Policy loss: TV filtering against the behaviour policy (no ratio clipping)
+                # Policy loss: TV filtering (no ratio clipping)
                 if args.tv_filter:
-                    pg_loss, _, filtered_fraction = vaco_policy_loss(
-                        newlogprob, mb["logprobs"], mb_advantages, tv_threshold
+                    reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
+                    pg_loss, tv, filtered_fraction = vaco_policy_loss(
+                        newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
                     )
                     stats["filtered_fraction"].append(filtered_fraction)
+                    stats["filter_on_fraction"].append((tv > args.tv_threshold).float())
+                    stats["filter_tv"].append(tv)  # the TV compared with delta
                 else:  # ablation: PPO's clipped surrogate
                     pg_loss, _ = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
                 logratio = newlogprob - mb["logprobs"]
