@@ -363,6 +363,7 @@ def estimate_advantages(agent, b, args):
     return values, target_logprobs, advantages, advantages + values
 
 
+# --8<-- [start:spo_policy_loss]
 def spo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon):
     """SPO's objective, with the ratio taken against the behaviour policy that acted:
         L = -mean(r * A - |A| / (2 * eps) * (r - 1)^2),   r = pi_theta(a|s) / beta(a|s)
@@ -371,6 +372,7 @@ def spo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon):
     Returns (loss, ratio)."""
     ratio = (newlogprob - behavior_logprob).exp()
     return -(advantages * ratio - advantages.abs() * (ratio - 1) ** 2 / (2 * epsilon)).mean(), ratio
+# --8<-- [end:spo_policy_loss]
 
 
 def save_checkpoint(path, state):

@@ -1,7 +1,7 @@
 """The lag-robustness study: algorithm x policy lag K x task x seed, one subprocess per run.
 
     python benchmark/study.py --preset cpu                # ~3 h on 2 cores; resumes where it stopped
-    python benchmark/study.py --preset cpu --list-commands       # one shell command per run (for any scheduler)
+    python benchmark/study.py --preset cpu --list         # one shell command per run (for any scheduler)
     python benchmark/study.py --preset paper --shard 3/100   # the 3rd of 100 slices (e.g. a Slurm array)
     python benchmark/analyze.py benchmark/results/cpu     # aggregates, tables and figures
 
@@ -220,8 +220,6 @@ class Args:
     at 1M steps), paper (10 tasks x every algorithm x K in 1,2,4,8 x 10 seeds at 1M steps)"""
     jobs: int = os.cpu_count() or 1
     """runs at a time (each run uses one core)"""
-    list_commands: bool = False
-    """print one shell command per run (from the repository root) and exit"""
     shard: Optional[str] = None
     """I/N: run only the I-th of N interleaved slices of the grid (1-based), e.g. a Slurm array task"""
     algorithms: Optional[list[str]] = None
@@ -234,6 +232,8 @@ class Args:
     """where results go (default benchmark/results/<preset>)"""
     total_timesteps: Optional[int] = None
     """override the preset's env steps per run (a dry run: use it with a separate --out-dir)"""
+    list: bool = False  # (last: the name shadows the builtin `list` in the annotations after it)
+    """print one shell command per run (from the repository root) and exit"""
 
 
 def check_args(args):
@@ -256,7 +256,7 @@ def check_args(args):
 def main(args: Args):
     check_args(args)
     runs = select(grid(args.preset, args.total_timesteps), args.algorithms, args.tasks, args.ks, args.shard)
-    if args.list_commands:
+    if args.list:
         print("\n".join(run.portable_command() for run in runs))
         return
     out_dir = args.out_dir or os.path.join(RESULTS, args.preset)
