@@ -18,6 +18,7 @@ import collections
 import copy
 import difflib
 import os
+import pickle
 import random
 import sys
 import time
@@ -54,6 +55,12 @@ class Args:
     """whether to save a checkpoint to `runs/<run_name>/` and then evaluate it"""
     eval_episodes: int = 10
     """episodes of deterministic evaluation of the saved checkpoint (with `--save-model`)"""
+    checkpoint_every: int = 0
+    """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
+    resume: Optional[str] = None
+    """continue a run from a checkpoint it saved (weights, optimizer, normalisation, policy
+    snapshots, random streams, step and update counts) up to `--total-timesteps`; the episodes in
+    flight are not saved, so the envs start new ones. Logs go to a new run folder"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v4"
@@ -121,6 +128,10 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
     if args.eval_episodes < 0:
         sys.exit(f"error: --eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.checkpoint_every < 0:
+        sys.exit(f"error: --checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        sys.exit(f"error: --resume {args.resume}: no such file")
     if args.batch_size % args.num_minibatches:
         sys.exit(
             f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
@@ -190,11 +201,11 @@ class RunningMeanStd:
         self.var = m2 / total
         self.count = total
 
-    def state_dict(self):
-        return {"mean": self.mean, "var": self.var, "count": self.count}
+    def state_dict(self):  # tensors and plain numbers: checkpoints load with weights_only=True
+        return {"mean": torch.as_tensor(self.mean), "var": torch.as_tensor(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state):
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+        self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
 
 
 def normalize_obs(obs, obs_rms, clip=10.0):
@@ -269,6 +280,7 @@ def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
 
 
+# --8<-- [start:lag_simulator]
 class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
@@ -289,6 +301,15 @@ class PolicyBuffer:
     def __getitem__(self, age):
         return self.snapshots[-1 - age]
 
+    def state_dict(self):
+        return [snapshot.state_dict() for snapshot in self.snapshots]  # oldest first
+
+    def load_state_dict(self, states):
+        for state in states:
+            snapshot = copy.deepcopy(self.snapshots[-1])
+            snapshot.load_state_dict(state)
+            self.snapshots.append(snapshot)  # the deque keeps the newest K
+
 
 @torch.inference_mode()
 def act(policy_buffer, groups, obs, generator):
@@ -302,8 +323,10 @@ def act(policy_buffer, groups, obs, generator):
             mean[envs_idx], logstd[envs_idx] = policy_buffer[age](obs[envs_idx])
     action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
     return action, gaussian_logprob(action, mean, logstd)
+# --8<-- [end:lag_simulator]
 
 
+# --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
 
@@ -321,8 +344,10 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages
+# --8<-- [end:compute_gae]
 
 
+# --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
     """GAE advantages and return targets from the learner's *current* critic (the actors have
@@ -334,8 +359,10 @@ def estimate_advantages(agent, b, args):
     advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
                              args.gamma, args.gae_lambda)
     return values, target_logprobs, advantages, advantages + values
+# --8<-- [end:estimate_advantages]
 
 
+# --8<-- [start:ppo_policy_loss]
 def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
         L = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),   r = pi_theta(a|s) / beta(a|s)
@@ -344,26 +371,30 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
+# --8<-- [end:ppo_policy_loss]
 
 
-def save_checkpoint(path, agent, optimizer, obs_rms, args, global_step):
-    """Agent, optimizer and observation statistics: all that acting and resuming need."""
+def save_checkpoint(path, state):
+    """`state` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
     if os.path.exists(path):  # the run directory is new, so this only guards against misuse
         raise FileExistsError(f"refusing to overwrite {path}")
-    torch.save(
-        {
-            "agent": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "obs_rms": obs_rms.state_dict(),
-            "args": vars(args),
-            "global_step": global_step,
-        },
-        path,
-    )
+    torch.save(state, path)
+
+
+def load_checkpoint(path):
+    """weights_only=True: loading a checkpoint never runs code; a file that holds a pickled object
+    (anything beyond tensors and plain containers) is refused with a one-line error."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        sys.exit(f"error: refusing to load {path}: it holds more than tensors and plain values "
+                 "(a pickled object, which could run code)")
+    except Exception as error:  # a truncated or foreign file
+        sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
 
 
 def load_agent(path, obs_dim, act_dim):
-    checkpoint = torch.load(path, weights_only=False)
+    checkpoint = load_checkpoint(path)
     agent = Agent(obs_dim, act_dim)
     agent.load_state_dict(checkpoint["agent"])
     obs_rms = RunningMeanStd((obs_dim,))
@@ -408,6 +439,13 @@ def main(args: Args):
     envs = make_envs(args, run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint and checkpoint["args"]["env_id"] != args.env_id:
+        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
+                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
+    if checkpoint and checkpoint["iteration"] >= args.num_iterations:
+        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
+                 f"raise --total-timesteps above it to train on")
 
     if args.track:
         import wandb
@@ -443,6 +481,29 @@ def main(args: Args):
     obs_rms = RunningMeanStd((obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
 
+    def training_state(global_step, iteration):
+        """Everything a resumed run needs, as tensors and plain numbers."""
+        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
+                "policy_buffer": policy_buffer.state_dict(), "generator": generator.get_state(),
+                "lag_rng": lag_rng.bit_generator.state, "global_step": global_step,
+                "iteration": iteration, "args": vars(args)}
+
+    global_step, start_iteration = 0, 1
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["agent"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        except (RuntimeError, ValueError) as error:
+            sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+        obs_rms.load_state_dict(checkpoint["obs_rms"])
+        reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
+        policy_buffer.load_state_dict(checkpoint["policy_buffer"])
+        generator.set_state(checkpoint["generator"])
+        lag_rng.bit_generator.state = checkpoint["lag_rng"]
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+        print(f"resumed from {args.resume} at step {global_step} (update {checkpoint['iteration']})")
+
     # Rollout storage, time-major [T, N, ...]. next_obs[t] is the real s_{t+1}: the final
     # observation where an episode ended at t (the env has already reset to a new one).
     obs = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)
@@ -455,19 +516,20 @@ def main(args: Args):
     recent_returns = collections.deque(maxlen=100)
 
     # TRY NOT TO MODIFY: start the game
-    global_step = 0
+    start_step = global_step
     start_time = last_print = time.time()
     raw_obs, _ = envs.reset(seed=args.seed)
     envs.action_space.seed(args.seed)
     obs_rms.update(raw_obs)
     current_obs = normalize_obs(raw_obs, obs_rms)
 
-    for iteration in range(1, args.num_iterations + 1):
+    for iteration in range(start_iteration, args.num_iterations + 1):
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
+        # --8<-- [start:rollout]
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
         groups = [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
@@ -496,6 +558,7 @@ def main(args: Args):
                     recent_returns.append(float(infos["episode"]["r"][i]))
                     writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
                     writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
+        # --8<-- [end:rollout]
 
         b = {
             key: torch.as_tensor(value, device=device)
@@ -523,6 +586,7 @@ def main(args: Args):
                 entropy = gaussian_entropy(logstd)
                 newvalue = agent.get_value(mb["obs"])
 
+                # --8<-- [start:minibatch_loss]
                 mb_advantages = mb["advantages"]
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
@@ -551,6 +615,7 @@ def main(args: Args):
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+                # --8<-- [end:minibatch_loss]
 
                 with torch.no_grad():
                     stats["policy_loss"].append(pg_loss)
@@ -572,7 +637,7 @@ def main(args: Args):
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
-        sps = int(global_step / (time.time() - start_time))
+        sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
@@ -585,6 +650,10 @@ def main(args: Args):
             print(f"step {global_step}/{args.num_iterations * args.batch_size} "
                   f"({100 * iteration / args.num_iterations:.0f}%) | SPS: {sps} | "
                   f"return (last {len(recent_returns)} eps) {recent} | ETA {format_eta(eta)}", flush=True)
+        if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
+                and iteration < args.num_iterations:
+            save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
+                            training_state(global_step, iteration))
 
     if recent_returns:
         print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
@@ -593,7 +662,7 @@ def main(args: Args):
 
     if args.save_model:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        save_checkpoint(model_path, agent.cpu(), optimizer, obs_rms, args, global_step)
+        save_checkpoint(model_path, training_state(global_step, args.num_iterations))
         print(f"model saved to {model_path}")
         episodic_returns = evaluate(model_path, args.env_id, args.eval_episodes, seed=args.seed + 10_000)
         for idx, episodic_return in enumerate(episodic_returns):

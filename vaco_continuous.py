@@ -30,6 +30,7 @@ import collections
 import copy
 import difflib
 import os
+import pickle
 import random
 import sys
 import time
@@ -66,6 +67,12 @@ class Args:
     """whether to save a checkpoint to `runs/<run_name>/` and then evaluate it"""
     eval_episodes: int = 10
     """episodes of deterministic evaluation of the saved checkpoint (with `--save-model`)"""
+    checkpoint_every: int = 0
+    """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
+    resume: Optional[str] = None
+    """continue a run from a checkpoint it saved (weights, optimizer, normalisation, policy
+    snapshots, random streams, step and update counts) up to `--total-timesteps`; the episodes in
+    flight are not saved, so the envs start new ones. Logs go to a new run folder"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v4"
@@ -106,10 +113,12 @@ class Args:
 
     # VACO
     tv_threshold: float = 0.2
-    """delta: filter samples once the minibatch's TV(pi_theta, beta) exceeds it"""
-    tv_threshold_mode: Literal["absolute", "relative"] = "absolute"
-    """absolute: the threshold is delta; relative: delta + TV(pi_T, beta) measured at the start of
-    the update, a budget on top of the backward lag so that a very stale batch is not frozen whole"""
+    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it"""
+    tv_reference: Literal["behaviour", "proximal"] = "behaviour"
+    """the policy the TV filter measures against. behaviour: beta, the paper's rule (the TV then
+    holds backward and forward lag together); proximal: pi_T, the learner's policy at the start of
+    the update (Hilton et al. 2021), so the filter bounds only the forward drift while alignment
+    handles the backward lag. The surrogate's ratio stays pi_theta/beta either way; K = 1: equal"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance ratios in the TD errors (rho-bar)"""
     c_bar: float = 1.0
@@ -149,6 +158,10 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
     if args.eval_episodes < 0:
         sys.exit(f"error: --eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.checkpoint_every < 0:
+        sys.exit(f"error: --checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        sys.exit(f"error: --resume {args.resume}: no such file")
     if args.batch_size % args.num_minibatches:
         sys.exit(
             f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
@@ -218,11 +231,11 @@ class RunningMeanStd:
         self.var = m2 / total
         self.count = total
 
-    def state_dict(self):
-        return {"mean": self.mean, "var": self.var, "count": self.count}
+    def state_dict(self):  # tensors and plain numbers: checkpoints load with weights_only=True
+        return {"mean": torch.as_tensor(self.mean), "var": torch.as_tensor(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state):
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+        self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
 
 
 def normalize_obs(obs, obs_rms, clip=10.0):
@@ -297,6 +310,7 @@ def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
 
 
+# --8<-- [start:lag_simulator]
 class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
@@ -317,6 +331,15 @@ class PolicyBuffer:
     def __getitem__(self, age):
         return self.snapshots[-1 - age]
 
+    def state_dict(self):
+        return [snapshot.state_dict() for snapshot in self.snapshots]  # oldest first
+
+    def load_state_dict(self, states):
+        for state in states:
+            snapshot = copy.deepcopy(self.snapshots[-1])
+            snapshot.load_state_dict(state)
+            self.snapshots.append(snapshot)  # the deque keeps the newest K
+
 
 @torch.inference_mode()
 def act(policy_buffer, groups, obs, generator):
@@ -330,8 +353,10 @@ def act(policy_buffer, groups, obs, generator):
             mean[envs_idx], logstd[envs_idx] = policy_buffer[age](obs[envs_idx])
     action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
     return action, gaussian_logprob(action, mean, logstd)
+# --8<-- [end:lag_simulator]
 
 
+# --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
 
@@ -349,8 +374,10 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages
+# --8<-- [end:compute_gae]
 
 
+# --8<-- [start:vtrace_advantages]
 def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_values,
                       terminations, dones, gamma, lam, rho_bar=1.0, c_bar=1.0):
     """All inputs are float tensors shaped [T, N] (time-major); returns (advantages, value_targets).
@@ -377,8 +404,10 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
     advantages = (rewards + gamma * (1.0 - terminations)
                   * (next_values + lam * (1.0 - dones) * next_vs_minus_values) - values)
     return advantages, values + vs_minus_values
+# --8<-- [end:vtrace_advantages]
 
 
+# --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
     """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
@@ -396,8 +425,10 @@ def estimate_advantages(agent, b, args):
         b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
     )
     return values, target_logprobs, advantages, value_targets
+# --8<-- [end:estimate_advantages]
 
 
+# --8<-- [start:ppo_policy_loss]
 def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
         L = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),   r = pi_theta(a|s) / beta(a|s)
@@ -406,44 +437,55 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
+# --8<-- [end:ppo_policy_loss]
 
 
-def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold):
+# --8<-- [start:vaco_policy_loss]
+def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, reference_logprob=None):
     """TV filtering. Returns (loss, tv, filtered_fraction).
 
-        r = pi_theta(a|s) / beta(a|s),   TV(pi_theta, beta) ~ tv = 1/2 mean|r - 1|
-        if tv > delta: filter a sample when A * sign(r - 1) > 0, i.e. when following its gradient
-                       would move r further from 1 (the policy further from beta)
+        r = pi_theta(a|s) / beta(a|s),     the surrogate's importance ratio
+        q = pi_theta(a|s) / pi_ref(a|s),   pi_ref = beta (the paper), or pi_T (`reference_logprob`)
+        TV(pi_theta, pi_ref) ~ tv = 1/2 mean|q - 1|
+        if tv > delta: filter a sample when A * sign(q - 1) > 0, i.e. when following its gradient
+                       would move q further from 1 (the policy further from pi_ref)
         L = -mean( r * A for kept samples,  sg(r * A) for filtered ones )
     Filtered samples give zero gradient but stay in the mean's denominator. No ratio clipping.
     """
     ratio = (newlogprob - behavior_logprob).exp()
-    deviation = ratio.detach() - 1
+    if reference_logprob is None:  # the paper's rule: the reference is the behaviour policy
+        deviation = ratio.detach() - 1
+    else:
+        deviation = (newlogprob.detach() - reference_logprob).exp() - 1
     tv = 0.5 * deviation.abs().mean()
-    filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (r - 1) > 0: same sign
+    filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (q - 1) > 0: same sign
     surrogate = ratio * advantages
     surrogate = torch.where(filtered, surrogate.detach(), surrogate)
     return -surrogate.mean(), tv, filtered.float().mean()
+# --8<-- [end:vaco_policy_loss]
 
 
-def save_checkpoint(path, agent, optimizer, obs_rms, args, global_step):
-    """Agent, optimizer and observation statistics: all that acting and resuming need."""
+def save_checkpoint(path, state):
+    """`state` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
     if os.path.exists(path):  # the run directory is new, so this only guards against misuse
         raise FileExistsError(f"refusing to overwrite {path}")
-    torch.save(
-        {
-            "agent": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "obs_rms": obs_rms.state_dict(),
-            "args": vars(args),
-            "global_step": global_step,
-        },
-        path,
-    )
+    torch.save(state, path)
+
+
+def load_checkpoint(path):
+    """weights_only=True: loading a checkpoint never runs code; a file that holds a pickled object
+    (anything beyond tensors and plain containers) is refused with a one-line error."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        sys.exit(f"error: refusing to load {path}: it holds more than tensors and plain values "
+                 "(a pickled object, which could run code)")
+    except Exception as error:  # a truncated or foreign file
+        sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
 
 
 def load_agent(path, obs_dim, act_dim):
-    checkpoint = torch.load(path, weights_only=False)
+    checkpoint = load_checkpoint(path)
     agent = Agent(obs_dim, act_dim)
     agent.load_state_dict(checkpoint["agent"])
     obs_rms = RunningMeanStd((obs_dim,))
@@ -488,6 +530,13 @@ def main(args: Args):
     envs = make_envs(args, run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint and checkpoint["args"]["env_id"] != args.env_id:
+        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
+                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
+    if checkpoint and checkpoint["iteration"] >= args.num_iterations:
+        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
+                 f"raise --total-timesteps above it to train on")
 
     if args.track:
         import wandb
@@ -523,6 +572,29 @@ def main(args: Args):
     obs_rms = RunningMeanStd((obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
 
+    def training_state(global_step, iteration):
+        """Everything a resumed run needs, as tensors and plain numbers."""
+        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
+                "policy_buffer": policy_buffer.state_dict(), "generator": generator.get_state(),
+                "lag_rng": lag_rng.bit_generator.state, "global_step": global_step,
+                "iteration": iteration, "args": vars(args)}
+
+    global_step, start_iteration = 0, 1
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["agent"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        except (RuntimeError, ValueError) as error:
+            sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+        obs_rms.load_state_dict(checkpoint["obs_rms"])
+        reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
+        policy_buffer.load_state_dict(checkpoint["policy_buffer"])
+        generator.set_state(checkpoint["generator"])
+        lag_rng.bit_generator.state = checkpoint["lag_rng"]
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+        print(f"resumed from {args.resume} at step {global_step} (update {checkpoint['iteration']})")
+
     # Rollout storage, time-major [T, N, ...]. next_obs[t] is the real s_{t+1}: the final
     # observation where an episode ended at t (the env has already reset to a new one).
     obs = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)
@@ -535,19 +607,20 @@ def main(args: Args):
     recent_returns = collections.deque(maxlen=100)
 
     # TRY NOT TO MODIFY: start the game
-    global_step = 0
+    start_step = global_step
     start_time = last_print = time.time()
     raw_obs, _ = envs.reset(seed=args.seed)
     envs.action_space.seed(args.seed)
     obs_rms.update(raw_obs)
     current_obs = normalize_obs(raw_obs, obs_rms)
 
-    for iteration in range(1, args.num_iterations + 1):
+    for iteration in range(start_iteration, args.num_iterations + 1):
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
+        # --8<-- [start:rollout]
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
         groups = [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
@@ -576,6 +649,7 @@ def main(args: Args):
                     recent_returns.append(float(infos["episode"]["r"][i]))
                     writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
                     writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
+        # --8<-- [end:rollout]
 
         b = {
             key: torch.as_tensor(value, device=device)
@@ -588,12 +662,10 @@ def main(args: Args):
         backward_tv = 0.5 * (start_ratio - 1).abs().mean().item()
         writer.add_scalar("charts/backward_tv", backward_tv, global_step)
         writer.add_scalar("charts/rho_clipped_fraction", (start_ratio > args.rho_bar).float().mean().item(), global_step)
-        tv_threshold = args.tv_threshold + (backward_tv if args.tv_threshold_mode == "relative" else 0.0)
-        writer.add_scalar("charts/tv_threshold", tv_threshold, global_step)
 
         # flatten the batch: [T, N, ...] -> [T * N, ...]
         flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns)
+                    returns=returns, proximal_logprobs=target_logprobs)
         flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
 
         # Optimizing the policy and value network
@@ -610,16 +682,20 @@ def main(args: Args):
                 entropy = gaussian_entropy(logstd)
                 newvalue = agent.get_value(mb["obs"])
 
+                # --8<-- [start:minibatch_loss]
                 mb_advantages = mb["advantages"]
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-                # Policy loss: TV filtering against the behaviour policy (no ratio clipping)
+                # Policy loss: TV filtering (no ratio clipping)
                 if args.tv_filter:
-                    pg_loss, _, filtered_fraction = vaco_policy_loss(
-                        newlogprob, mb["logprobs"], mb_advantages, tv_threshold
+                    reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
+                    pg_loss, tv, filtered_fraction = vaco_policy_loss(
+                        newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
                     )
                     stats["filtered_fraction"].append(filtered_fraction)
+                    stats["filter_on_fraction"].append((tv > args.tv_threshold).float())
+                    stats["filter_tv"].append(tv)  # the TV compared with delta
                 else:  # ablation: PPO's clipped surrogate
                     pg_loss, _ = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
                 logratio = newlogprob - mb["logprobs"]
@@ -638,6 +714,7 @@ def main(args: Args):
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+                # --8<-- [end:minibatch_loss]
 
                 with torch.no_grad():
                     stats["policy_loss"].append(pg_loss)
@@ -659,7 +736,7 @@ def main(args: Args):
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
-        sps = int(global_step / (time.time() - start_time))
+        sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
@@ -672,6 +749,10 @@ def main(args: Args):
             print(f"step {global_step}/{args.num_iterations * args.batch_size} "
                   f"({100 * iteration / args.num_iterations:.0f}%) | SPS: {sps} | "
                   f"return (last {len(recent_returns)} eps) {recent} | ETA {format_eta(eta)}", flush=True)
+        if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
+                and iteration < args.num_iterations:
+            save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
+                            training_state(global_step, iteration))
 
     if recent_returns:
         print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
@@ -680,7 +761,7 @@ def main(args: Args):
 
     if args.save_model:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        save_checkpoint(model_path, agent.cpu(), optimizer, obs_rms, args, global_step)
+        save_checkpoint(model_path, training_state(global_step, args.num_iterations))
         print(f"model saved to {model_path}")
         episodic_returns = evaluate(model_path, args.env_id, args.eval_episodes, seed=args.seed + 10_000)
         for idx, episodic_return in enumerate(episodic_returns):

@@ -1,5 +1,6 @@
-"""What ppo_continuous.py and vaco_continuous.py share: env pipeline, lag simulator, GAE,
-checkpoints, logging, seeding and input checks. Each test runs against both scripts."""
+"""What ppo_continuous.py, spo_continuous.py and vaco_continuous.py share: env pipeline, lag
+simulator, GAE, checkpoints and resuming, logging, seeding and input checks. Each test runs
+against every script."""
 
 import glob
 import os
@@ -11,10 +12,11 @@ import pytest
 import torch
 
 import ppo_continuous
+import spo_continuous
 import vaco_continuous
-from conftest import TINY, run_script
+from conftest import TINY, read_scalars, run_script
 
-SCRIPTS = [ppo_continuous, vaco_continuous]
+SCRIPTS = [ppo_continuous, spo_continuous, vaco_continuous]
 script = pytest.mark.parametrize("module", SCRIPTS, ids=lambda m: m.__name__)
 
 
@@ -142,9 +144,8 @@ def test_checkpoint_round_trip(module, tmp_path):
     agent = module.Agent(11, 3)
     obs_rms = module.RunningMeanStd((11,))
     obs_rms.update(np.random.default_rng(0).normal(3.0, 2.0, size=(50, 11)))
-    optimizer = torch.optim.Adam(agent.parameters())
     path = str(tmp_path / "agent.cleanrl_model")
-    module.save_checkpoint(path, agent, optimizer, obs_rms, module.Args(), global_step=123)
+    module.save_checkpoint(path, {"agent": agent.state_dict(), "obs_rms": obs_rms.state_dict()})
     loaded, loaded_rms = module.load_agent(path, 11, 3)
     raw = np.random.default_rng(1).normal(3.0, 2.0, size=(8, 11))
     obs = torch.as_tensor(module.normalize_obs(raw, loaded_rms))
@@ -152,7 +153,57 @@ def test_checkpoint_round_trip(module, tmp_path):
     for got, want in zip(loaded.actor(obs), agent.actor(obs)):
         torch.testing.assert_close(got, want)
     with pytest.raises(FileExistsError):  # never overwrites
-        module.save_checkpoint(path, agent, optimizer, obs_rms, module.Args(), global_step=0)
+        module.save_checkpoint(path, {})
+
+
+class Payload:
+    """What a tampered checkpoint could carry: unpickling it would call print (or anything else)."""
+
+    def __reduce__(self):
+        return (print, ("this ran while loading",))
+
+
+@script
+def test_a_checkpoint_holding_a_pickled_object_is_refused(module, tmp_path, capsys):
+    path = str(tmp_path / "tampered.cleanrl_model")
+    torch.save({"agent": Payload()}, path)
+    with pytest.raises(SystemExit, match="error: refusing to load .*tampered.cleanrl_model"):
+        module.load_checkpoint(path)
+    assert "this ran" not in capsys.readouterr().out
+
+
+@script
+def test_resume_continues_steps_updates_and_state(module, train):
+    # 2 envs x 64 steps per update, 4 minibatches x 2 epochs = 8 optimiser steps per update
+    run_dir, _ = train(module, total_timesteps=384, save_model=True, checkpoint_every=1, eval_episodes=0)
+    checkpoints = sorted(glob.glob(f"{run_dir}/*_step*.cleanrl_model"))
+    assert [c.rsplit("_step", 1)[1] for c in checkpoints] == ["128.cleanrl_model", "256.cleanrl_model"]
+    state = module.load_checkpoint(checkpoints[0])
+    assert (state["global_step"], state["iteration"]) == (128, 1)
+    assert state["obs_rms"]["count"] == pytest.approx(2 + 128, abs=1e-3)  # reset + 64 steps x 2 envs
+
+    resumed_dir, resumed = train(module, total_timesteps=512, resume=checkpoints[0], exp_name="resumed",
+                                 save_model=True, eval_episodes=0)
+    assert resumed_dir != run_dir  # logs go to a new run folder; the first run's are untouched
+    assert len(resumed["charts/SPS"]) == 3  # updates 2, 3, 4
+    assert resumed["charts/learning_rate"][0] == pytest.approx(3e-4 * (1 - 1 / 4))  # schedule continues
+    final = module.load_checkpoint(glob.glob(f"{resumed_dir}/resumed.cleanrl_model")[0])
+    assert (final["global_step"], final["iteration"]) == (512, 4)
+    # optimiser and statistics carried on from the checkpoint rather than starting afresh
+    assert all(s["step"].item() == 8 + 3 * 8 for s in final["optimizer"]["state"].values())
+    assert final["obs_rms"]["count"] == pytest.approx(130 + 2 + 3 * 128, abs=1e-3)
+
+
+@script
+def test_resume_refuses_a_finished_or_foreign_checkpoint(module, train):
+    run_dir, _ = train(module, total_timesteps=256, save_model=True, eval_episodes=0)
+    (final,) = glob.glob(f"{run_dir}/*.cleanrl_model")
+    for overrides, message in [(dict(total_timesteps=256), "already at step 256; raise --total-timesteps"),
+                               (dict(env_id="Ant-v4", total_timesteps=512), "was trained on Hopper-v4, not Ant-v4"),
+                               (dict(resume="missing.pt"), "--resume missing.pt: no such file")]:
+        with pytest.raises(SystemExit, match=message):
+            train(module, **{"resume": final, "exp_name": "again", **overrides})
+    assert len(os.listdir("runs")) == 1  # refused before anything was written
 
 
 # --- training runs ------------------------------------------------------------------------------

@@ -149,29 +149,70 @@ def test_tv_filter_has_no_ratio_clipping(vaco):
     assert newlogprob.grad.item() == pytest.approx(3.0)
 
 
+def test_tv_filter_against_the_behaviour_policy_by_default():
+    # reference_logprob = behaviour log-probs is the paper's rule, the same as passing none
+    newlogprob = RATIOS.log().requires_grad_()
+    explicit = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, 0.1, reference_logprob=torch.zeros(5))
+    explicit[0].backward()
+    loss, tv, filtered_fraction, grad = filter_loss(tv_threshold=0.1)
+    assert explicit[0].item() == loss.item() and explicit[1].item() == tv.item()
+    assert explicit[2].item() == filtered_fraction.item()
+    torch.testing.assert_close(newlogprob.grad, grad)
+
+
+def test_tv_filter_against_the_proximal_policy():
+    # pi_T gave these actions twice beta's probability; pi_theta has moved back towards beta:
+    # r = pi_theta/beta = 1.5 but q = pi_theta/pi_T = 0.75. With A > 0 the paper's rule sees the
+    # policy moving away from beta and filters; against pi_T the same step moves q back to 1 and
+    # is kept, and the surrogate's ratio, hence the gradient, stays pi_theta/beta.
+    behaviour, proximal = torch.zeros(4), torch.full((4,), np.log(2.0))
+    advantages = torch.ones(4)
+    for reference, tv_expected, filtered_expected in [(None, 0.25, 1.0), (proximal, 0.125, 0.0)]:
+        newlogprob = torch.full((4,), np.log(1.5), requires_grad=True)
+        loss, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, behaviour, advantages, 0.1, reference)
+        loss.backward()
+        assert tv.item() == pytest.approx(tv_expected)
+        assert filtered_fraction.item() == filtered_expected
+        assert loss.item() == pytest.approx(-1.5)  # -mean(r A) either way
+        expected_grad = 0.0 if filtered_expected else -1.5 / 4  # d(-r A / 4) / d log r
+        torch.testing.assert_close(newlogprob.grad, torch.full((4,), expected_grad))
+
+
 # --- training runs ------------------------------------------------------------------------------
 
 ABLATIONS = {
     "default": {},
     "no-advantage-alignment": dict(advantage_alignment=False),
     "no-tv-filter": dict(tv_filter=False),
-    "relative-threshold-realign": dict(tv_threshold_mode="relative", realign_every_epoch=True),
+    "proximal-realign": dict(tv_reference="proximal", realign_every_epoch=True),
 }
 
 
 @pytest.mark.parametrize("overrides", ABLATIONS.values(), ids=ABLATIONS.keys())
 def test_vaco_runs_and_logs_filtering(overrides, train):
     _, scalars = train(vaco, policy_buffer=4, total_timesteps=512, update_epochs=4, **overrides)
-    for tag in ["losses/tv_divergence", "charts/backward_tv", "charts/rho_clipped_fraction", "charts/tv_threshold"]:
+    for tag in ["losses/tv_divergence", "charts/backward_tv", "charts/rho_clipped_fraction"]:
         assert len(scalars[tag]) == 4 and np.isfinite(scalars[tag]).all(), tag
     assert scalars["charts/backward_tv"][0] == pytest.approx(0.0, abs=1e-5)
-    if overrides.get("tv_filter", True):
-        assert all(0.0 <= f <= 1.0 for f in scalars["losses/filtered_fraction"])
-    else:
-        assert "losses/filtered_fraction" not in scalars
-    relative = overrides.get("tv_threshold_mode") == "relative"
-    expected = [0.2 + (b if relative else 0.0) for b in scalars["charts/backward_tv"]]
-    np.testing.assert_allclose(scalars["charts/tv_threshold"], expected, rtol=1e-5)
+    if not overrides.get("tv_filter", True):
+        assert "losses/filtered_fraction" not in scalars and "losses/filter_tv" not in scalars
+        return
+    for tag in ["losses/filtered_fraction", "losses/filter_on_fraction"]:
+        assert all(0.0 <= f <= 1.0 for f in scalars[tag]), tag
+    # the TV the filter compares with delta: against beta it is the logged TV(pi_theta, beta)
+    same = np.allclose(scalars["losses/filter_tv"], scalars["losses/tv_divergence"], rtol=1e-5)
+    assert same == (overrides.get("tv_reference", "behaviour") == "behaviour")
+
+
+def test_proximal_reference_is_the_papers_rule_at_k1(train):
+    # K = 1: pi_T = beta, so both references filter the same samples and train identically
+    # (delta is small so that the filter acts)
+    _, behaviour = train(vaco, exp_name="b", total_timesteps=512, tv_threshold=0.01, tv_reference="behaviour")
+    _, proximal = train(vaco, exp_name="p", total_timesteps=512, tv_threshold=0.01, tv_reference="proximal")
+    assert max(behaviour["losses/filtered_fraction"]) > 0
+    for tag in ["losses/filtered_fraction", "losses/policy_loss", "charts/episodic_return"]:
+        assert behaviour[tag] == proximal[tag], tag
+    np.testing.assert_allclose(behaviour["losses/filter_tv"], proximal["losses/filter_tv"], rtol=1e-5)
 
 
 def test_tiny_threshold_filters(train):

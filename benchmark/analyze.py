@@ -1,0 +1,440 @@
+"""Analysis of a lag-robustness study (benchmark/study.py): normalised scores, rliable aggregates with
+stratified-bootstrap intervals, probability of improvement, a Markdown report and figures.
+
+    python benchmark/analyze.py benchmark/results/cpu
+    python benchmark/analyze.py benchmark/results/cpu --figures-dir docs/img/study_cpu
+
+Scores (per run, from its CSV of per-update episode returns):
+- the run is cut into 10 equal slices of env steps; a slice's score is the mean return of the
+  episodes that ended in it;
+- final = the last slice (the episodes of the last 10% of steps); AUC = the mean over the slices,
+  i.e. the normalised area under the learning curve (early learning counts too).
+Normalisation per task: (score - random policy) / (PPO K=1 mean - random policy), so 0 is a
+uniformly random policy and 1.0 is "as good as synchronous PPO" on that task. The random policy's
+return is measured here (uniform actions, 20 episodes, seed 0) and cached in `random_scores.json`.
+
+Aggregates (rliable): median, IQM, mean and optimality gap over all runs x tasks, with 95%
+stratified-bootstrap percentile intervals (resampling seeds within each task). The bootstrap is
+seeded, so the same CSVs always give the same intervals.
+"""
+
+import csv
+import glob
+import json
+import os
+import sys
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import tyro
+
+SLICES = 10
+METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
+MAIN_ALGORITHMS = ["ppo", "ppo-kl", "spo", "vaco", "vaco-noalign", "vaco-nofilter"]
+
+
+# --- loading and scoring ------------------------------------------------------------------------
+
+def load_runs(results_dir):
+    """[(meta, rows)] of every finished run (a JSON beside its CSV) in results_dir."""
+    runs = []
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+        if os.path.basename(path) == "random_scores.json":
+            continue
+        with open(path) as f:
+            meta = json.load(f)
+        with open(path[: -len(".json")] + ".csv") as f:
+            rows = list(csv.DictReader(f))
+        runs.append((meta, rows))
+    return runs
+
+
+def slice_scores(rows, total_steps, slices=SLICES):
+    """Mean episodic return in each of `slices` equal slices of env steps (NaN where no episode
+    ended), from per-update rows holding `step`, `episodes` and `return_mean`."""
+    sums, counts = np.zeros(slices), np.zeros(slices)
+    for row in rows:
+        episodes = int(row["episodes"])
+        if episodes:
+            i = min(int((int(row["step"]) - 1) * slices // total_steps), slices - 1)
+            sums[i] += float(row["return_mean"]) * episodes
+            counts[i] += episodes
+    with np.errstate(invalid="ignore"):
+        return sums / counts
+
+
+def run_scores(meta, rows):
+    """{"final": return in the last 10% of steps, "auc": mean over the 10 slices}."""
+    scores = slice_scores(rows, meta["total_timesteps"])
+    return {"final": scores[-1], "auc": np.nanmean(scores)}
+
+
+def normalise(score, random_score, reference_score):
+    """0 = random policy, 1 = the reference (synchronous PPO's mean on the task)."""
+    return (score - random_score) / (reference_score - random_score)
+
+
+def random_policy_score(task, episodes=20, seed=0):
+    """Mean return of uniformly random actions."""
+    import gymnasium as gym
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = gym.make(task)
+    env.action_space.seed(seed)
+    returns = []
+    for episode in range(episodes):
+        env.reset(seed=seed + episode)
+        total, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            total += reward
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return float(np.mean(returns))
+
+
+def random_scores(tasks, cache_path):
+    """Random-policy returns per task, measured once and cached beside the results."""
+    cached = {}
+    if os.path.exists(cache_path):
+        with open(cache_path) as f:
+            cached = json.load(f)
+    missing = [t for t in tasks if t not in cached]
+    for task in missing:
+        cached[task] = random_policy_score(task)
+    if missing:
+        with open(cache_path, "w") as f:
+            json.dump(cached, f, indent=1, sort_keys=True)
+    return cached
+
+
+def score_table(runs, randoms):
+    """{(algorithm, k): {task: {seed: {"final", "auc"} normalised}}}, plus raw scores alongside.
+    Normalised by PPO K=1's mean score of each metric on the task; tasks without it are skipped."""
+    raw = defaultdict(lambda: defaultdict(dict))
+    for meta, rows in runs:
+        raw[(meta["algorithm"], meta["k"])][meta["task"]][meta["seed"]] = run_scores(meta, rows)
+    reference = {task: {m: np.mean([s[m] for s in seeds.values()]) for m in ("final", "auc")}
+                 for task, seeds in raw.get(("ppo", 1), {}).items()}
+    normalised = defaultdict(lambda: defaultdict(dict))
+    for key, tasks in raw.items():
+        for task, seeds in tasks.items():
+            if task in reference:
+                for seed, s in seeds.items():
+                    normalised[key][task][seed] = {m: normalise(s[m], randoms[task], reference[task][m])
+                                                   for m in ("final", "auc")}
+    return raw, normalised
+
+
+def score_matrix(normalised, key, tasks, metric):
+    """(runs x tasks) array for rliable; seeds present on every task only (None if a task lacks it)."""
+    if any(task not in normalised.get(key, {}) for task in tasks):
+        return None
+    seeds = sorted(set.intersection(*(set(normalised[key][t]) for t in tasks)))
+    if not seeds:
+        return None
+    return np.array([[normalised[key][t][s][metric] for t in tasks] for s in seeds])
+
+
+# --- aggregates ---------------------------------------------------------------------------------
+
+def aggregates(matrices, reps, seed):
+    """rliable point estimates and 95% intervals of METRICS for each entry of `matrices`."""
+    from rliable import library as rly, metrics
+
+    def fn(x):
+        return np.array([metrics.aggregate_median(x), metrics.aggregate_iqm(x), metrics.aggregate_mean(x),
+                         metrics.aggregate_optimality_gap(x)])
+
+    np.random.seed(seed)  # rliable's bootstrap draws from numpy's global generator
+    return rly.get_interval_estimates(matrices, fn, reps=reps)
+
+
+def probability_of_improvement(pairs, reps, seed):
+    """P(X > Y) with 95% intervals for each {"X,Y": (scores_x, scores_y)}."""
+    from rliable import library as rly, metrics
+
+    np.random.seed(seed)
+    return rly.get_interval_estimates(pairs, metrics.probability_of_improvement, reps=reps)
+
+
+def diagnostics(runs, key, tasks):
+    """Mean over runs (and updates) of the logged lag and filter diagnostics."""
+    columns = ["backward_tv", "approx_kl", "tv_divergence", "filter_tv", "filtered_fraction", "filter_on_fraction"]
+    values = defaultdict(list)
+    for meta, rows in runs:
+        if (meta["algorithm"], meta["k"]) == key and meta["task"] in tasks:
+            for column in columns:
+                col = [float(r[column]) for r in rows if r.get(column, "") != ""]
+                if col:
+                    values[column].append(np.mean(col))
+    return {c: float(np.mean(v)) for c, v in values.items()}
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def fmt_interval(point, interval):
+    return f"{point:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def aggregate_section(title, normalised, keys, tasks, metric, reps, seed):
+    """A Markdown table of the aggregates of `keys` on `tasks`, and the estimates for plotting."""
+    matrices = {f"{a} K={k}": m for a, k in keys if (m := score_matrix(normalised, (a, k), tasks, metric)) is not None}
+    if not matrices:
+        return [], {}, {}
+    points, intervals = aggregates(matrices, reps, seed)
+    lines = [f"### {title}", "", f"Tasks: {', '.join(tasks)}. Normalised {metric} score; 95% stratified-bootstrap "
+             f"intervals ({reps} resamples).", "",
+             "| algorithm | K | seeds | " + " | ".join(METRICS) + " |", "|-|-|-|" + "-|" * len(METRICS)]
+    for name, m in matrices.items():
+        algorithm, k = name.rsplit(" K=", 1)
+        cells = [fmt_interval(points[name][i], intervals[name][:, i]) for i in range(len(METRICS))]
+        lines.append(f"| {algorithm} | {k} | {m.shape[0]} | " + " | ".join(cells) + " |")
+    return lines + [""], points, intervals
+
+
+def raw_section(raw, keys, tasks):
+    """Per-task final returns, mean ± std over seeds (n)."""
+    lines = ["| algorithm | K | " + " | ".join(tasks) + " |", "|-|-|" + "-|" * len(tasks)]
+    for key in keys:
+        cells = []
+        for task in tasks:
+            finals = [s["final"] for s in raw.get(key, {}).get(task, {}).values()]
+            cells.append(f"{np.mean(finals):.0f} ± {np.std(finals):.0f} ({len(finals)})" if finals else "")
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+@dataclass
+class Args:
+    results_dir: str
+    """a folder of study results (CSV + JSON per run), e.g. benchmark/results/cpu"""
+    figures_dir: Optional[str] = None
+    """where the PNG figures go (default: the results folder)"""
+    reps: int = 2000
+    """bootstrap resamples"""
+    seed: int = 0
+    """seed of the bootstrap: same CSVs and seed, same intervals"""
+
+
+def main(args: Args):
+    if not os.path.isdir(args.results_dir):
+        sys.exit(f"error: {args.results_dir} is not a folder")
+    runs = load_runs(args.results_dir)
+    if not runs:
+        sys.exit(f"error: no finished runs (JSON + CSV) in {args.results_dir}")
+    tasks_all = sorted({meta["task"] for meta, _ in runs})
+    randoms = random_scores(tasks_all, os.path.join(args.results_dir, "random_scores.json"))
+    raw, normalised = score_table(runs, randoms)
+    if ("ppo", 1) not in raw:
+        sys.exit("error: normalisation needs PPO with K = 1 on every task, and no such run is finished")
+    figures_dir = args.figures_dir or args.results_dir
+    os.makedirs(figures_dir, exist_ok=True)
+    out = FigureFolder(figures_dir, args.results_dir)
+
+    keys = sorted(raw, key=lambda key: (key[0] not in MAIN_ALGORITHMS, key[0], key[1]))
+    ks = sorted({k for _, k in keys})
+    # the main comparison: tasks on which both PPO and VACO ran at every K
+    main_tasks = [t for t in tasks_all if all(t in raw.get((a, k), {}) for a in ("ppo", "vaco") for k in ks)]
+    sweep = sorted({a for a, _ in keys if a.startswith("vaco-behaviour-") or a.startswith("vaco-proximal-")})
+    sweep_tasks = sorted({task for (a, _), tasks in raw.items() if a in sweep for task in tasks})
+
+    report = [f"# Study results: {os.path.basename(os.path.abspath(args.results_dir))}", "",
+              f"{len(runs)} finished runs. Random-policy returns: "
+              + ", ".join(f"{t} {randoms[t]:.1f}" for t in tasks_all) + ".", "",
+              "## Final returns per task (mean ± std over seeds, number of seeds)", ""]
+    report += raw_section(raw, keys, tasks_all)
+    estimates = {}
+    for metric in ("final", "auc"):
+        if main_tasks:
+            section, points, intervals = aggregate_section(
+                f"Aggregates, {metric} score", normalised, [k for k in keys if k[0] in MAIN_ALGORITHMS],
+                main_tasks, metric, args.reps, args.seed)
+            report += section
+            estimates[metric] = (points, intervals)
+    if main_tasks:
+        report += improvement_section(normalised, keys, main_tasks, ks, args.reps, args.seed)
+    if sweep_tasks:
+        report += sweep_section(runs, normalised, sweep, sweep_tasks, args.reps, args.seed, out)
+    report += figures(raw, runs, keys, ks, main_tasks, estimates, out)
+    path = os.path.join(args.results_dir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(report) + "\n")
+    print("\n".join(report))
+    print(f"\nreport: {path}; figures in {figures_dir}")
+
+
+def improvement_section(normalised, keys, tasks, ks, reps, seed):
+    pairs = {}
+    for k in ks:
+        vaco = score_matrix(normalised, ("vaco", k), tasks, "final")
+        for algorithm in MAIN_ALGORITHMS:
+            other = score_matrix(normalised, (algorithm, k), tasks, "final")
+            if algorithm != "vaco" and vaco is not None and other is not None:
+                pairs[f"vaco,{algorithm} K={k}"] = (vaco, other)
+    if not pairs:
+        return []
+    points, intervals = probability_of_improvement(pairs, reps, seed)
+    lines = ["### Probability of improvement of VACO (final score)", "",
+             "P(VACO > X): the probability that a run of VACO beats a run of X on a task drawn at random, "
+             "with 95% stratified-bootstrap intervals. 0.5 = no difference.", "",
+             "| X | K | P(VACO > X) |", "|-|-|-|"]
+    for name in pairs:
+        other, k = name.split(",", 1)[1].rsplit(" K=", 1)
+        lines.append(f"| {other} | {k} | {fmt_interval(points[name], intervals[name].ravel())} |")
+    return lines + [""]
+
+
+def sweep_section(runs, normalised, sweep, tasks, reps, seed, out):
+    """The delta x reference sweep: aggregates of final and AUC scores, and the filter's activity."""
+    lines = ["## TV threshold sweep", "", f"Tasks: {', '.join(tasks)}. IQM of normalised scores with 95% intervals; "
+             "filter diagnostics are means over runs and updates. At K = 1 the proximal policy is the "
+             "behaviour policy, so the proximal variants are run at K > 1 only.", "",
+             "| variant | K | seeds | IQM final | IQM AUC | mean final | filter on (share of minibatches) | "
+             "filtered samples | TV vs reference | backward TV | approx KL |", "|-|-|-|-|-|-|-|-|-|-|-|"]
+    plot = defaultdict(dict)
+    for k in (1, 8):
+        for metric in ("final", "auc"):
+            matrices = {a: m for a in ["ppo"] + sweep
+                        if (m := score_matrix(normalised, (a, k), tasks, metric)) is not None}
+            if matrices:
+                points, intervals = aggregates(matrices, reps, seed)
+                for a in matrices:
+                    plot[(a, k)][metric] = (points[a], intervals[a], matrices[a].shape[0])
+    for k in (1, 8):
+        for a in ["ppo"] + sweep:
+            if (a, k) not in plot or len(plot[(a, k)]) < 2:
+                continue
+            (pf, cf, n), (pa, ca, _) = plot[(a, k)]["final"], plot[(a, k)]["auc"]
+            d = diagnostics(runs, (a, k), tasks)
+            get = lambda c: f"{d[c]:.3f}" if c in d else ""  # noqa: E731
+            lines.append(f"| {a} | {k} | {n} | {fmt_interval(pf[1], cf[:, 1])} | {fmt_interval(pa[1], ca[:, 1])} | "
+                         f"{pf[2]:.2f} | {get('filter_on_fraction')} | {get('filtered_fraction')} | {get('filter_tv')} | "
+                         f"{get('backward_tv')} | {get('approx_kl')} |")
+    delta_figure(plot, sweep, out.path("delta_sensitivity.png"))
+    return lines + ["", f"![delta sensitivity]({out.link('delta_sensitivity.png')})", ""]
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+@dataclass
+class FigureFolder:
+    """Where figures are saved, and how the report (in another folder, maybe) links to them."""
+    folder: str
+    report_folder: str
+
+    def path(self, name):
+        return os.path.join(self.folder, name)
+
+    def link(self, name):
+        return os.path.relpath(self.path(name), self.report_folder)
+
+
+def delta_figure(plot, sweep, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2), sharey=False)
+    for col, (k, metric) in enumerate([(1, "final"), (8, "final"), (1, "auc"), (8, "auc")]):
+        ax = axes[col]
+        for reference, marker in (("behaviour", "o"), ("proximal", "s")):
+            pts = sorted((float(a.rsplit("-", 1)[1]), plot[(a, k)][metric]) for a in sweep
+                         if a.startswith(f"vaco-{reference}-") and metric in plot.get((a, k), {}))
+            if pts:
+                deltas = [d for d, _ in pts]
+                iqm = np.array([p[0][1] for _, p in pts])
+                lo, hi = np.array([p[1][0, 1] for _, p in pts]), np.array([p[1][1, 1] for _, p in pts])
+                ax.errorbar(deltas, iqm, yerr=[iqm - lo, hi - iqm], marker=marker, capsize=3, label=reference)
+        if metric in plot.get(("ppo", k), {}):
+            ax.axhline(plot[("ppo", k)][metric][0][1], color="grey", lw=1, ls="--", label=f"PPO, K = {k}")
+        ax.set_xscale("log")
+        ax.set_xticks([0.05, 0.1, 0.2], ["0.05", "0.1", "0.2"])
+        ax.set_xlabel("TV threshold δ")
+        ax.set_title(f"K = {k}, {metric} score" + (" (proximal = behaviour)" if k == 1 else ""), fontsize=9)
+    axes[0].set_ylabel("normalised IQM (1 = sync PPO)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figures(raw, runs, keys, ks, main_tasks, estimates, out):
+    """Lag-robustness (IQM vs K), aggregate intervals, learning curves; returns Markdown lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = ["## Figures", ""]
+    if "final" in estimates:
+        points, intervals = estimates["final"]
+        fig, ax = plt.subplots(figsize=(6, 3.8))
+        for algorithm in MAIN_ALGORITHMS:
+            pts = [(k, points[f"{algorithm} K={k}"][1], intervals[f"{algorithm} K={k}"][:, 1]) for k in ks
+                   if f"{algorithm} K={k}" in points]
+            if pts:
+                x = [p[0] for p in pts]
+                y = np.array([p[1] for p in pts])
+                ax.plot(x, y, marker="o", label=algorithm, lw=2.2 if algorithm in ("ppo", "vaco") else 1.2)
+                ax.fill_between(x, [p[2][0] for p in pts], [p[2][1] for p in pts], alpha=0.15)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("policy lag K (actors act with one of the last K policies)")
+        ax.set_ylabel("normalised IQM of final score")
+        ax.set_title(f"Lag robustness ({', '.join(t.split('-')[0] for t in main_tasks)})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out.path("lag_robustness.png"), dpi=110)
+        plt.close(fig)
+        lines += [f"![lag robustness]({out.link('lag_robustness.png')})", ""]
+
+        from rliable import plot_utils
+
+        for k in (1, max(ks)):
+            names = [f"{a} K={k}" for a in MAIN_ALGORITHMS if f"{a} K={k}" in points]
+            if names:
+                fig, _ = plot_utils.plot_interval_estimates(
+                    {n: points[n] for n in names}, {n: intervals[n] for n in names}, metric_names=METRICS,
+                    algorithms=names, xlabel="normalised final score")
+                fig.savefig(out.path(f"aggregates_K{k}.png"), dpi=110, bbox_inches="tight")
+                plt.close(fig)
+                lines += [f"![aggregates K={k}]({out.link(f'aggregates_K{k}.png')})", ""]
+
+    tasks = sorted({t for key in keys for t in raw[key]})
+    fig, axes = plt.subplots(len(tasks), len(ks), figsize=(3.2 * len(ks), 2.4 * len(tasks)), squeeze=False)
+    curves = defaultdict(list)
+    for meta, rows in runs:
+        if meta["algorithm"] in ("ppo", "vaco", "spo"):
+            curves[(meta["task"], meta["k"], meta["algorithm"])].append(
+                slice_scores(rows, meta["total_timesteps"], slices=50))
+    for (task, k, algorithm), cs in sorted(curves.items()):
+        ax = axes[tasks.index(task)][ks.index(k)]
+        c = np.array(cs)
+        x = np.linspace(0, 1, c.shape[1] + 1)[1:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean, std = np.nanmean(c, 0), np.nanstd(c, 0)
+        ax.plot(x, mean, label=f"{algorithm} ({len(cs)})")
+        ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+        ax.set_title(f"{task}, K = {k}", fontsize=9)
+        ax.legend(fontsize=6)
+    for ax in axes[-1]:
+        ax.set_xlabel("fraction of training")
+    fig.tight_layout()
+    fig.savefig(out.path("learning_curves.png"), dpi=90)
+    plt.close(fig)
+    return lines + [f"![learning curves]({out.link('learning_curves.png')})", "",
+                    "Learning curves: mean ± std over seeds (their number in brackets) of the return "
+                    "of episodes ending in each 2% of training.", ""]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

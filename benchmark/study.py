@@ -1,0 +1,300 @@
+"""The lag-robustness study: algorithm x policy lag K x task x seed, one subprocess per run.
+
+    python benchmark/study.py --preset cpu                # ~3 h on 2 cores; resumes where it stopped
+    python benchmark/study.py --preset cpu --list         # one shell command per run (for any scheduler)
+    python benchmark/study.py --preset paper --shard 3/100   # the 3rd of 100 slices (e.g. a Slurm array)
+    python benchmark/analyze.py benchmark/results/cpu     # aggregates, tables and figures
+
+Each run trains one top-level script in a scratch folder, then keeps only a small CSV of its
+learning curve and lag diagnostics (one row per update) and a JSON of its exact command:
+
+    benchmark/results/<preset>/<task>__<algorithm>__K<k>__s<seed>.csv / .json
+
+The JSON is written last, so a run counts as finished when it exists and holds the same command.
+Re-running skips finished runs: an interrupted study resumes where it stopped. A finished run
+whose command has changed (e.g. an algorithm's flags were edited) is moved to `stale/` and run again.
+"""
+
+import bisect
+import csv
+import glob
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Optional
+
+import tyro
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmark", "results")
+
+# Algorithm name -> (script, extra flags). Every variant spells out the flags it depends on, so
+# that a change of a script's default cannot silently change what a finished run meant.
+ALGORITHMS = {
+    "ppo": ("ppo_continuous.py", []),
+    "ppo-kl": ("ppo_continuous.py", ["--kl-coef", "0.1"]),
+    "spo": ("spo_continuous.py", ["--epsilon", "0.2"]),
+    "vaco": ("vaco_continuous.py", ["--tv-threshold", "0.2", "--tv-reference", "behaviour"]),
+    "vaco-noalign": ("vaco_continuous.py", ["--tv-threshold", "0.2", "--tv-reference", "behaviour",
+                                            "--no-advantage-alignment"]),
+    "vaco-nofilter": ("vaco_continuous.py", ["--no-tv-filter"]),
+}
+# The delta sweep: every threshold against each reference policy.
+DELTAS = (0.05, 0.1, 0.2)
+for _reference in ("behaviour", "proximal"):
+    for _delta in DELTAS:
+        ALGORITHMS[f"vaco-{_reference}-{_delta}"] = (
+            "vaco_continuous.py", ["--tv-threshold", str(_delta), "--tv-reference", _reference])
+BEHAVIOUR_SWEEP = [f"vaco-behaviour-{d}" for d in DELTAS]
+# At K = 1 pi_T = beta, so a proximal variant is its behaviour twin, run for run (a test checks it):
+# the sweep runs the proximal ones at K > 1 only.
+PROXIMAL_SWEEP = [f"vaco-proximal-{d}" for d in DELTAS]
+
+TUNING_TASKS = ["Hopper-v4", "HalfCheetah-v4"]  # delta is chosen on these only
+HELD_OUT_TASKS = ["Walker2d-v4", "Ant-v4"]  # ... and reported on these
+PAPER_TASKS = ["Ant-v4", "HalfCheetah-v4", "Hopper-v4", "Humanoid-v4", "HumanoidStandup-v4",
+               "InvertedDoublePendulum-v4", "Pusher-v4", "Reacher-v4", "Swimmer-v4", "Walker2d-v4"]
+BASELINES = ["ppo-kl", "spo", "vaco-noalign", "vaco-nofilter"]
+
+# preset -> (env steps per run, seeds, [(algorithms, policy lags K, tasks), ...]); runs are taken
+# in this order, so the first block's results arrive first.
+PRESETS = {
+    "cpu": (300_000, [1, 2, 3], [
+        (["ppo"] + BEHAVIOUR_SWEEP, [1, 8], TUNING_TASKS),
+        (PROXIMAL_SWEEP, [8], TUNING_TASKS),
+        (["ppo", "vaco"], [1, 2, 4, 8], TUNING_TASKS + ["Walker2d-v4"]),
+        (BASELINES, [1, 8], TUNING_TASKS + ["Walker2d-v4"]),
+    ]),
+    "cpu-1m": (1_000_000, [1, 2, 3], [
+        (["ppo", "vaco"], [1, 8], TUNING_TASKS + HELD_OUT_TASKS),
+    ]),
+    "paper": (1_000_000, list(range(1, 11)), [
+        (["ppo", "vaco"] + BASELINES, [1, 2, 4, 8], PAPER_TASKS),
+    ]),
+}
+
+# Per-update columns of the CSV: TensorBoard tag -> column. Missing tags are left empty.
+DIAGNOSTICS = {
+    "charts/policy_lag_mean": "policy_lag_mean",
+    "charts/backward_tv": "backward_tv",
+    "losses/approx_kl": "approx_kl",
+    "losses/tv_divergence": "tv_divergence",
+    "losses/clipfrac": "clipfrac",
+    "losses/filtered_fraction": "filtered_fraction",
+    "losses/filter_on_fraction": "filter_on_fraction",
+    "losses/filter_tv": "filter_tv",
+    "losses/entropy": "entropy",
+}
+COLUMNS = ["step", "episodes", "return_mean"] + list(DIAGNOSTICS.values())
+
+
+@dataclass(frozen=True)
+class Run:
+    task: str
+    algorithm: str
+    k: int
+    seed: int
+    steps: int
+
+    @property
+    def name(self):
+        return f"{self.task}__{self.algorithm}__K{self.k}__s{self.seed}"
+
+    def command(self):
+        script, flags = ALGORITHMS[self.algorithm]
+        return [sys.executable, os.path.join(ROOT, script), "--env-id", self.task, "--policy-buffer", str(self.k),
+                "--seed", str(self.seed), "--total-timesteps", str(self.steps), "--exp-name", self.algorithm, *flags]
+
+    def portable_command(self):
+        """The command as a user would type it at the repository root."""
+        return shlex.join(["python"] + [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c
+                                        for c in self.command()[1:]])
+
+
+def grid(preset, steps=None):
+    """The preset's runs, in order, without duplicates."""
+    preset_steps, seeds, blocks = PRESETS[preset]
+    steps = steps or preset_steps
+    runs = []
+    for algorithms, ks, tasks in blocks:
+        for seed in seeds:
+            for task in tasks:
+                for k in ks:
+                    runs += [Run(task, a, k, seed, steps) for a in algorithms]
+    return list(dict.fromkeys(runs))
+
+
+def select(runs, algorithms=None, tasks=None, ks=None, shard=None):
+    """Filter by algorithm / task / K, then keep the I-th of N interleaved slices (shard = "I/N", 1-based)."""
+    runs = [r for r in runs if (not algorithms or r.algorithm in algorithms) and (not tasks or r.task in tasks)
+            and (not ks or r.k in ks)]
+    if shard:
+        i, n = (int(x) for x in shard.split("/"))
+        runs = runs[i - 1 :: n]
+    return runs
+
+
+def is_finished(run, out_dir):
+    """True when the run's JSON exists and records the same command."""
+    path = os.path.join(out_dir, run.name + ".json")
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return json.load(f)["command"] == run.portable_command()
+
+
+def move_stale(run, out_dir):
+    """A finished run whose command changed: keep its files under stale/ rather than overwrite them."""
+    stale = [p for p in glob.glob(os.path.join(out_dir, run.name + ".*")) if os.path.isfile(p)]
+    if stale:
+        os.makedirs(os.path.join(out_dir, "stale"), exist_ok=True)
+        for p in stale:
+            os.replace(p, os.path.join(out_dir, "stale", os.path.basename(p)))
+        print(f"note: {run.name} was run with another command; old results moved to {out_dir}/stale/", flush=True)
+
+
+def curve_rows(run_dir):
+    """One row per update from a run's TensorBoard log: the episodes that ended during the update's
+    rollout (count and mean return) and the update's diagnostics."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    update_steps = [e.step for e in acc.Scalars("charts/SPS")]  # logged once per update
+    rows = [{"step": s, "episodes": 0, "return_sum": 0.0} for s in update_steps]
+    for event in acc.Scalars("charts/episodic_return") if "charts/episodic_return" in tags else []:
+        i = min(bisect.bisect_left(update_steps, event.step), len(rows) - 1)
+        rows[i]["episodes"] += 1
+        rows[i]["return_sum"] += event.value
+    for tag, column in DIAGNOSTICS.items():  # each logged once per update, in update order
+        for row, event in zip(rows, acc.Scalars(tag) if tag in tags else []):
+            row[column] = event.value
+    for row in rows:
+        total = row.pop("return_sum")
+        row["return_mean"] = total / row["episodes"] if row["episodes"] else ""
+    return rows
+
+
+def write_csv(path, rows):
+    with open(path + ".tmp", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()})
+    os.replace(path + ".tmp", path)
+
+
+def execute(run, out_dir):
+    """Train one run in a scratch folder; keep its CSV and JSON, drop the rest. Returns seconds taken."""
+    start = time.time()
+    scratch = tempfile.mkdtemp(prefix=run.name + ".", dir=os.path.join(RESULTS, "tmp"))
+    try:
+        proc = subprocess.run(run.command(), cwd=scratch, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{run.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        (run_dir,) = glob.glob(os.path.join(scratch, "runs", "*"))
+        write_csv(os.path.join(out_dir, run.name + ".csv"), curve_rows(run_dir))
+        meta = dict(command=run.portable_command(), task=run.task, algorithm=run.algorithm, k=run.k,
+                    seed=run.seed, total_timesteps=run.steps, seconds=round(time.time() - start, 1),
+                    finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+        with open(os.path.join(out_dir, run.name + ".json.tmp"), "w") as f:
+            json.dump(meta, f, indent=1)
+        os.replace(os.path.join(out_dir, run.name + ".json.tmp"), os.path.join(out_dir, run.name + ".json"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return time.time() - start
+
+
+def format_duration(seconds):
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+@dataclass
+class Args:
+    preset: str = "cpu"
+    """which grid: cpu (~3 h on 2 cores, 300k steps per run), cpu-1m (finalists and held-out tasks
+    at 1M steps), paper (10 tasks x every algorithm x K in 1,2,4,8 x 10 seeds at 1M steps)"""
+    jobs: int = os.cpu_count() or 1
+    """runs at a time (each run uses one core)"""
+    shard: Optional[str] = None
+    """I/N: run only the I-th of N interleaved slices of the grid (1-based), e.g. a Slurm array task"""
+    algorithms: Optional[list[str]] = None
+    """run only these algorithms of the preset"""
+    tasks: Optional[list[str]] = None
+    """run only these tasks of the preset"""
+    ks: Optional[list[int]] = None
+    """run only these policy lags K of the preset"""
+    out_dir: Optional[str] = None
+    """where results go (default benchmark/results/<preset>)"""
+    total_timesteps: Optional[int] = None
+    """override the preset's env steps per run (a dry run: use it with a separate --out-dir)"""
+    list: bool = False  # (last: the name shadows the builtin `list` in the annotations after it)
+    """print one shell command per run (from the repository root) and exit"""
+
+
+def check_args(args):
+    if args.preset not in PRESETS:
+        sys.exit(f"error: unknown preset '{args.preset}' (choose from {', '.join(PRESETS)})")
+    unknown = sorted(set(args.algorithms or []) - set(ALGORITHMS))
+    if unknown:
+        sys.exit(f"error: unknown algorithm(s) {', '.join(unknown)} (choose from {', '.join(ALGORITHMS)})")
+    if args.shard:
+        try:
+            i, n = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            sys.exit(f"error: --shard must look like I/N, e.g. 3/10, got '{args.shard}'")
+        if not 1 <= i <= n:
+            sys.exit(f"error: --shard {args.shard}: need 1 <= I <= N")
+    if args.jobs < 1:
+        sys.exit(f"error: --jobs must be >= 1, got {args.jobs}")
+
+
+def main(args: Args):
+    check_args(args)
+    runs = select(grid(args.preset, args.total_timesteps), args.algorithms, args.tasks, args.ks, args.shard)
+    if args.list:
+        print("\n".join(run.portable_command() for run in runs))
+        return
+    out_dir = args.out_dir or os.path.join(RESULTS, args.preset)
+    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(os.path.join(RESULTS, "tmp"), exist_ok=True)
+    todo = [run for run in runs if not is_finished(run, out_dir)]
+    print(f"[study {args.preset}] {len(runs)} runs, {len(runs) - len(todo)} already finished, "
+          f"{len(todo)} to go, {args.jobs} at a time -> {out_dir}", flush=True)
+    done, failed, durations, start = 0, [], [], time.time()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        pending = {}
+        queue = list(todo)
+        while queue or pending:
+            while queue and len(pending) < args.jobs:
+                run = queue.pop(0)
+                move_stale(run, out_dir)
+                pending[pool.submit(execute, run, out_dir)] = run
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                run = pending.pop(future)
+                try:
+                    durations.append(future.result())
+                    done += 1
+                except Exception as error:  # one failed run must not stop the study
+                    failed.append(run.name)
+                    print(f"error: {error}", flush=True)
+                remaining = len(queue) + len(pending)
+                eta = sum(durations) / len(durations) * remaining / args.jobs if durations else 0
+                print(f"[study {args.preset}] {done + len(failed)}/{len(todo)} done ({len(failed)} failed) | "
+                      f"last {run.name} | elapsed {format_duration(time.time() - start)} | "
+                      f"ETA {format_duration(eta)}", flush=True)
+    if failed:
+        sys.exit(f"error: {len(failed)} run(s) failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

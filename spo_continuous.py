@@ -1,0 +1,674 @@
+# SPO for continuous control (MuJoCo) under simulated policy lag. Single file, CleanRL style.
+# Docs: docs/spo_continuous.md
+"""Simple Policy Optimization (SPO; Xie et al., ICML 2025, arXiv 2401.16025) whose actors act
+with stale copies of the policy: a baseline of the VACO paper (arXiv 2603.01365).
+
+SPO keeps PPO's pipeline and replaces the clipped surrogate with a smooth penalty on the ratio:
+each sample's objective is a parabola in r that peaks at r = 1 + sign(A) * epsilon, so a sample
+that has moved past the trust region is pulled back instead of merely losing its gradient.
+
+On-policy methods assume the batch came from the policy being updated. In distributed training
+it did not: each actor acts with whatever policy it last received. We simulate that here
+(``--policy-buffer K``): the learner keeps its last K policy snapshots, and before each rollout
+every env ("actor") draws one of them at random and acts with it for the whole rollout. K = 1 is
+ordinary synchronous SPO. This file is ``ppo_continuous.py`` with the policy loss changed:
+``diff ppo_continuous.py spo_continuous.py`` shows exactly the method.
+
+    python spo_continuous.py --env-id Ant-v4 --policy-buffer 8
+    python spo_continuous.py --env-id Hopper-v4 --epsilon 0.2
+    tensorboard --logdir runs
+"""
+
+import collections
+import copy
+import difflib
+import os
+import pickle
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment: same seed, machine and flags give the same returns"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = False
+    """run the networks on CUDA if available; off because 64-unit MLPs run faster on the CPU"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "vaco"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (env 0, saved to `videos/<run_name>`)"""
+    save_model: bool = False
+    """whether to save a checkpoint to `runs/<run_name>/` and then evaluate it"""
+    eval_episodes: int = 10
+    """episodes of deterministic evaluation of the saved checkpoint (with `--save-model`)"""
+    checkpoint_every: int = 0
+    """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
+    resume: Optional[str] = None
+    """continue a run from a checkpoint it saved (weights, optimizer, normalisation, policy
+    snapshots, random streams, step and update counts) up to `--total-timesteps`; the episodes in
+    flight are not saved, so the envs start new ones. Logs go to a new run folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "Hopper-v4"
+    """the id of the environment (a MuJoCo task, v4 or v5)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments, each one simulated actor with its own stale
+    policy: 8 actors drawing from a buffer of K snapshots make every batch mix policy ages, as in
+    a real asynchronous system (with 1 env a whole batch would share one age)"""
+    num_steps: int = 256
+    """the number of steps to run in each environment per policy rollout (8 x 256 keeps CleanRL's
+    batch of 2048 transitions, so one update sees as much data as CleanRL's 1 x 2048)"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the number of epochs over each batch"""
+    norm_adv: bool = True
+    """Toggles advantages normalization (per minibatch)"""
+    epsilon: float = 0.2
+    """SPO's epsilon: each sample's objective peaks where |r - 1| = epsilon"""
+    clip_coef: float = 0.2
+    """the value-loss clipping coefficient (with `--clip-vloss`, as in CleanRL's PPO)"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold (stops the epochs of an update early)"""
+
+    # Simulated asynchrony
+    policy_buffer: int = 1
+    """K: actors act with one of the learner's last K policy snapshots (1 = synchronous training)"""
+    async_envs: bool = False
+    """step the envs in subprocesses (gymnasium AsyncVectorEnv); pays off only when one env step
+    costs much more than the inter-process round trip, or with many cores"""
+
+    # to be filled in runtime
+    batch_size: int = 0
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = 0
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = 0
+    """the number of iterations (computed in runtime)"""
+
+
+def check_args(args: Args) -> None:
+    """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.epsilon <= 0:
+        sys.exit(f"error: --epsilon must be positive, got {args.epsilon}")
+    if args.policy_buffer < 1:
+        sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
+    if args.eval_episodes < 0:
+        sys.exit(f"error: --eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.checkpoint_every < 0:
+        sys.exit(f"error: --checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        sys.exit(f"error: --resume {args.resume}: no such file")
+    if args.batch_size % args.num_minibatches:
+        sys.exit(
+            f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
+            f"is not divisible by --num-minibatches {args.num_minibatches}"
+        )
+    if args.total_timesteps < args.batch_size:
+        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size})")
+    if args.env_id not in gym.registry:
+        close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        sys.exit(f"error: unknown environment id '{args.env_id}'{hint}")
+
+
+def make_env(env_id, idx, capture_video, run_name):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+        else:
+            env = gym.make(env_id)
+        return env
+
+    return thunk
+
+
+def make_envs(args, run_name):
+    vector_env = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
+    envs = vector_env(
+        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
+        # SAME_STEP: a finished sub-env resets within the step and hands back its last observation
+        # in infos["final_obs"]. So no dummy transition (NEXT_STEP's reset step, whose action is
+        # ignored) enters the batch, and truncations can bootstrap from V(final observation).
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        envs.close()
+        sys.exit(f"error: {args.env_id} has a {type(envs.single_action_space).__name__} action space; "
+                 "this script needs a continuous (Box) one")
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def with_final_obs(obs, infos):
+    """s_{t+1} of each env: the observation returned by the step, except where an episode ended,
+    whose last observation SAME_STEP autoreset moved to infos["final_obs"]."""
+    if "_final_obs" not in infos:
+        return obs
+    obs = obs.copy()
+    for i in np.flatnonzero(infos["_final_obs"]):
+        obs[i] = infos["final_obs"][i]
+    return obs
+
+
+class RunningMeanStd:
+    """Running mean and variance over batches (Chan et al.'s parallel algorithm)."""
+
+    def __init__(self, shape=()):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = 1e-4
+
+    def update(self, x):
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def state_dict(self):  # tensors and plain numbers: checkpoints load with weights_only=True
+        return {"mean": torch.as_tensor(self.mean), "var": torch.as_tensor(self.var), "count": float(self.count)}
+
+    def load_state_dict(self, state):
+        self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
+
+
+def normalize_obs(obs, obs_rms, clip=10.0):
+    """(o - mean) / std, clipped: what gymnasium's NormalizeObservation + a clip wrapper do, but
+    kept in the script so that final observations (truncation bootstrap) and checkpoints see the
+    very same statistics."""
+    return np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -clip, clip).astype(np.float32)
+
+
+class RewardScaler:
+    """Divide rewards by the std of the discounted return, then clip (gymnasium's NormalizeReward).
+    Keeps the critic's targets O(1) whatever the task's reward scale."""
+
+    def __init__(self, num_envs, gamma, clip=10.0):
+        self.returns = np.zeros(num_envs)
+        self.return_rms = RunningMeanStd()
+        self.gamma, self.clip = gamma, clip
+
+    def __call__(self, rewards, dones):
+        self.returns = self.returns * self.gamma + rewards
+        self.return_rms.update(self.returns)
+        self.returns[dones] = 0.0  # a new episode starts a new discounted return
+        return np.clip(rewards / np.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim, out_dim, out_std):
+    """64-64 tanh MLP, orthogonal init; the output layer's gain sets the initial output scale."""
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, out_dim), std=out_std),
+    )
+
+
+class Actor(nn.Module):
+    """Gaussian policy: an MLP for the mean, a state-independent log-std."""
+
+    def __init__(self, obs_dim, act_dim):
+        super().__init__()
+        self.mean = mlp(obs_dim, act_dim, out_std=0.01)  # near-zero initial means
+        self.logstd = nn.Parameter(torch.zeros(1, act_dim))
+
+    def forward(self, obs):
+        mean = self.mean(obs)
+        return mean, self.logstd.expand_as(mean)
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, act_dim):
+        super().__init__()
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.actor = Actor(obs_dim, act_dim)
+
+    def get_value(self, obs):
+        return self.critic(obs).squeeze(-1)
+
+
+def gaussian_logprob(action, mean, logstd):
+    """log N(action; mean, exp(logstd)) of the joint action (summed over its dimensions)."""
+    return (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - 0.5 * np.log(2 * np.pi)).sum(-1)
+
+
+def gaussian_entropy(logstd):
+    return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
+
+
+class PolicyBuffer:
+    """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
+
+    Snapshots are frozen deep copies, so later updates of the learner never reach them. Age 0 is
+    the newest snapshot (the learner's current policy), age K-1 the oldest."""
+
+    def __init__(self, actor, size):
+        self.snapshots = collections.deque(maxlen=size)
+        self.push(actor)
+
+    def push(self, actor):
+        self.snapshots.append(copy.deepcopy(actor).cpu().requires_grad_(False))  # actors act on the CPU
+
+    def sample_ages(self, num_actors, rng):
+        """Each actor draws one snapshot uniformly among those held (fewer than K early on)."""
+        return rng.integers(len(self.snapshots), size=num_actors)
+
+    def __getitem__(self, age):
+        return self.snapshots[-1 - age]
+
+    def state_dict(self):
+        return [snapshot.state_dict() for snapshot in self.snapshots]  # oldest first
+
+    def load_state_dict(self, states):
+        for state in states:
+            snapshot = copy.deepcopy(self.snapshots[-1])
+            snapshot.load_state_dict(state)
+            self.snapshots.append(snapshot)  # the deque keeps the newest K
+
+
+@torch.inference_mode()
+def act(policy_buffer, groups, obs, generator):
+    """Sample each actor's action from its own snapshot; returns (action, behaviour log-prob)."""
+    if len(groups) == 1:  # all actors share one snapshot (always when K = 1): skip the scatter
+        mean, logstd = policy_buffer[groups[0][0]](obs)
+    else:
+        mean = torch.empty(obs.shape[0], policy_buffer[0].logstd.shape[-1])
+        logstd = torch.empty_like(mean)
+        for age, envs_idx in groups:  # one forward per snapshot in use
+            mean[envs_idx], logstd[envs_idx] = policy_buffer[age](obs[envs_idx])
+    action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
+    return action, gaussian_logprob(action, mean, logstd)
+
+
+def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
+    """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
+
+    next_values[t] = V(s_{t+1}), of the final observation when the episode was truncated at t;
+    terminations[t] = 1 when s_{t+1} is terminal (nothing to bootstrap); dones[t] = 1 when the
+    episode ended at t for any reason (the trace is cut there).
+        delta_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
+        A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
+    """
+    deltas = rewards + gamma * (1.0 - terminations) * next_values - values
+    discounts = gamma * lam * (1.0 - dones)
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):  # only the recursion is sequential
+        lastgaelam = deltas[t] + discounts[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages
+
+
+@torch.no_grad()
+def estimate_advantages(agent, b, args):
+    """GAE advantages and return targets from the learner's *current* critic (the actors have
+    none), plus the learner's log-probabilities of the batch actions (to measure backward lag).
+    Returns (values, target_logprobs, advantages, returns), each shaped [T, N]."""
+    values = agent.get_value(b["obs"])
+    next_values = agent.get_value(b["next_obs"])
+    target_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
+    advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
+                             args.gamma, args.gae_lambda)
+    return values, target_logprobs, advantages, advantages + values
+
+
+# --8<-- [start:spo_policy_loss]
+def spo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon):
+    """SPO's objective, with the ratio taken against the behaviour policy that acted:
+        L = -mean(r * A - |A| / (2 * eps) * (r - 1)^2),   r = pi_theta(a|s) / beta(a|s)
+    Per sample, d/dr = A - |A| (r - 1) / eps = 0 at r = 1 + sign(A) * eps: inside that point the
+    gradient moves r towards it, beyond it the gradient pulls r back (PPO's clip only stops pushing).
+    Returns (loss, ratio)."""
+    ratio = (newlogprob - behavior_logprob).exp()
+    return -(advantages * ratio - advantages.abs() * (ratio - 1) ** 2 / (2 * epsilon)).mean(), ratio
+# --8<-- [end:spo_policy_loss]
+
+
+def save_checkpoint(path, state):
+    """`state` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
+    if os.path.exists(path):  # the run directory is new, so this only guards against misuse
+        raise FileExistsError(f"refusing to overwrite {path}")
+    torch.save(state, path)
+
+
+def load_checkpoint(path):
+    """weights_only=True: loading a checkpoint never runs code; a file that holds a pickled object
+    (anything beyond tensors and plain containers) is refused with a one-line error."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        sys.exit(f"error: refusing to load {path}: it holds more than tensors and plain values "
+                 "(a pickled object, which could run code)")
+    except Exception as error:  # a truncated or foreign file
+        sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
+
+
+def load_agent(path, obs_dim, act_dim):
+    checkpoint = load_checkpoint(path)
+    agent = Agent(obs_dim, act_dim)
+    agent.load_state_dict(checkpoint["agent"])
+    obs_rms = RunningMeanStd((obs_dim,))
+    obs_rms.load_state_dict(checkpoint["obs_rms"])
+    return agent, obs_rms
+
+
+@torch.inference_mode()
+def evaluate(path, env_id, eval_episodes, seed):
+    """Episodic returns of the saved policy: mean actions, frozen observation statistics."""
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+    agent, obs_rms = load_agent(path, env.observation_space.shape[0], env.action_space.shape[0])
+    returns = []
+    obs, _ = env.reset(seed=seed)
+    while len(returns) < eval_episodes:
+        mean, _ = agent.actor(torch.as_tensor(normalize_obs(obs[None], obs_rms)))
+        action = np.clip(mean[0].numpy(), env.action_space.low, env.action_space.high)
+        obs, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            returns.append(float(info["episode"]["r"]))
+            obs, _ = env.reset()
+    env.close()
+    return returns
+
+
+def format_eta(seconds):
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def main(args: Args):
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // args.num_minibatches)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    check_args(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
+        sys.exit(f"error: runs/{run_name} already exists; wait a second or change --exp-name")
+    if args.capture_video and "DISPLAY" not in os.environ:
+        os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
+
+    # env setup (checked before any log is written)
+    envs = make_envs(args, run_name)
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint and checkpoint["args"]["env_id"] != args.env_id:
+        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
+                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
+    if checkpoint and checkpoint["iteration"] >= args.num_iterations:
+        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
+                 f"raise --total-timesteps above it to train on")
+
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
+    generator = torch.Generator().manual_seed(args.seed)  # action noise and minibatch order
+    lag_rng = np.random.default_rng(args.seed)  # which snapshot each actor draws
+
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    agent = Agent(obs_dim, act_dim).to(device)
+    # fused: one kernel for all parameters instead of a dozen small ops each (same update)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
+    obs_rms = RunningMeanStd((obs_dim,))
+    reward_scaler = RewardScaler(args.num_envs, args.gamma)
+
+    def training_state(global_step, iteration):
+        """Everything a resumed run needs, as tensors and plain numbers."""
+        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
+                "policy_buffer": policy_buffer.state_dict(), "generator": generator.get_state(),
+                "lag_rng": lag_rng.bit_generator.state, "global_step": global_step,
+                "iteration": iteration, "args": vars(args)}
+
+    global_step, start_iteration = 0, 1
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["agent"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        except (RuntimeError, ValueError) as error:
+            sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+        obs_rms.load_state_dict(checkpoint["obs_rms"])
+        reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
+        policy_buffer.load_state_dict(checkpoint["policy_buffer"])
+        generator.set_state(checkpoint["generator"])
+        lag_rng.bit_generator.state = checkpoint["lag_rng"]
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+        print(f"resumed from {args.resume} at step {global_step} (update {checkpoint['iteration']})")
+
+    # Rollout storage, time-major [T, N, ...]. next_obs[t] is the real s_{t+1}: the final
+    # observation where an episode ended at t (the env has already reset to a new one).
+    obs = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)
+    next_obs = np.zeros_like(obs)
+    actions = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)
+    logprobs = np.zeros((args.num_steps, args.num_envs), np.float32)
+    rewards = np.zeros_like(logprobs)
+    terminations = np.zeros_like(logprobs)
+    dones = np.zeros_like(logprobs)
+    recent_returns = collections.deque(maxlen=100)
+
+    # TRY NOT TO MODIFY: start the game
+    start_step = global_step
+    start_time = last_print = time.time()
+    raw_obs, _ = envs.reset(seed=args.seed)
+    envs.action_space.seed(args.seed)
+    obs_rms.update(raw_obs)
+    current_obs = normalize_obs(raw_obs, obs_rms)
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
+        ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
+        groups = [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
+        writer.add_scalar("charts/policy_lag_mean", ages.mean(), global_step)
+        writer.add_scalar("charts/policy_lag_max", ages.max(), global_step)
+
+        for step in range(0, args.num_steps):
+            global_step += args.num_envs
+            obs[step] = current_obs
+            action, logprob = act(policy_buffer, groups, torch.as_tensor(current_obs), generator)
+            actions[step], logprobs[step] = action.numpy(), logprob.numpy()
+
+            # TRY NOT TO MODIFY: execute the game and log data.
+            raw_obs, reward, termination, truncation, infos = envs.step(
+                np.clip(actions[step], action_low, action_high)
+            )
+            done = termination | truncation
+            rewards[step] = reward_scaler(reward, done)
+            terminations[step], dones[step] = termination, done
+            obs_rms.update(raw_obs)
+            current_obs = normalize_obs(raw_obs, obs_rms)
+            next_obs[step] = current_obs
+            if done.any():
+                next_obs[step] = normalize_obs(with_final_obs(raw_obs, infos), obs_rms)
+                for i in np.flatnonzero(infos["_episode"]):
+                    recent_returns.append(float(infos["episode"]["r"][i]))
+                    writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
+
+        b = {
+            key: torch.as_tensor(value, device=device)
+            for key, value in dict(obs=obs, next_obs=next_obs, actions=actions, logprobs=logprobs,
+                                   rewards=rewards, terminations=terminations, dones=dones).items()
+        }
+        values, target_logprobs, advantages, returns = estimate_advantages(agent, b, args)
+        # Backward lag: how far the learner already is from the behaviour policies, before any step.
+        backward_tv = 0.5 * ((target_logprobs - b["logprobs"]).exp() - 1).abs().mean().item()
+        writer.add_scalar("charts/backward_tv", backward_tv, global_step)
+
+        # flatten the batch: [T, N, ...] -> [T * N, ...]
+        flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
+                    returns=returns, values=values)
+        flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
+
+        # Optimizing the policy and value network
+        stats = collections.defaultdict(list)
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, generator=generator)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb = {key: value[b_inds[start : start + args.minibatch_size]] for key, value in flat.items()}
+                mean, logstd = agent.actor(mb["obs"])
+                newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
+                entropy = gaussian_entropy(logstd)
+                newvalue = agent.get_value(mb["obs"])
+
+                mb_advantages = mb["advantages"]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                # Policy loss
+                pg_loss, ratio = spo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.epsilon)
+                logratio = newlogprob - mb["logprobs"]
+                # k3 estimator of KL(behaviour || policy) from behaviour samples: (r - 1) - log r
+                kl = ((ratio - 1) - logratio).mean()
+
+                # Value loss
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+                    v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+                with torch.no_grad():
+                    stats["policy_loss"].append(pg_loss)
+                    stats["value_loss"].append(v_loss)
+                    stats["entropy"].append(entropy_loss)
+                    stats["old_approx_kl"].append((-logratio).mean())
+                    stats["approx_kl"].append(kl)
+                    stats["clipfrac"].append(((ratio - 1.0).abs() > args.epsilon).float().mean())  # past the peak
+                    stats["tv_divergence"].append(0.5 * (ratio - 1).abs().mean())
+
+            if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
+                break
+
+        # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
+        policy_buffer.push(agent.actor)
+
+        y_pred, y_true = values.cpu().numpy().ravel(), returns.cpu().numpy().ravel()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        # TRY NOT TO MODIFY: record rewards for plotting purposes
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for name, values_list in stats.items():  # means over all minibatches of the update
+            writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if time.time() - last_print > 10 or iteration == args.num_iterations:
+            last_print = time.time()
+            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+            eta = (args.num_iterations * args.batch_size - global_step) / max(sps, 1)
+            print(f"step {global_step}/{args.num_iterations * args.batch_size} "
+                  f"({100 * iteration / args.num_iterations:.0f}%) | SPS: {sps} | "
+                  f"return (last {len(recent_returns)} eps) {recent} | ETA {format_eta(eta)}", flush=True)
+        if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
+                and iteration < args.num_iterations:
+            save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
+                            training_state(global_step, iteration))
+
+    if recent_returns:
+        print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
+              f"{np.mean(recent_returns):.1f}")
+    envs.close()
+
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_checkpoint(model_path, training_state(global_step, args.num_iterations))
+        print(f"model saved to {model_path}")
+        episodic_returns = evaluate(model_path, args.env_id, args.eval_episodes, seed=args.seed + 10_000)
+        for idx, episodic_return in enumerate(episodic_returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, idx)
+        if episodic_returns:
+            print(f"eval: mean return over {len(episodic_returns)} episodes = {np.mean(episodic_returns):.1f}")
+
+    writer.close()
+    if args.track:
+        wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,320 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with --strict, and what it shows of the
+code cannot drift from the code.
+
+Code excerpts are included from the scripts with pymdownx.snippets. A script marks a region with
+two comment lines, `# --8<-- [start:NAME]` and `# --8<-- [end:NAME]`; a page includes it with a
+fenced python block whose only line is `--8<-- "script.py:NAME"`. The build fails on a missing
+file or section (check_paths), but a marker left without its end, or a section emptied by an
+edit, would still render (wrongly) or render nothing, so these tests check the markers and the
+includes themselves, and then what the built pages show.
+"""
+
+import ast
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+SCRIPTS = sorted(ROOT.glob("*.py"))
+# Pages that document a script completely: every option with its default, every logged metric.
+REFERENCE_PAGES = {"ppo_continuous.py": "ppo_continuous.md", "vaco_continuous.py": "vaco_continuous.md"}
+
+# A section marker: a comment line of its own (`# ...` in Python, `<!-- ... -->` in Markdown).
+MARKER = re.compile(r"^\s*(?:#|<!--)\s*--8<--\s*\[(start|end):([a-z][a-z0-9_]*)\]\s*(?:-->)?\s*$")
+# An include: a line of its own, `--8<-- "path"` or `--8<-- "path:section"` (`;--8<--` escapes it).
+INCLUDE = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$')
+SECTION_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def read(path):
+    return Path(path).read_text(encoding="utf-8")
+
+
+def sections(path):
+    """{name: lines} of the sections marked in a file; asserts that the markers are well formed."""
+    found, open_name, seen = {}, None, set()
+    for lineno, line in enumerate(read(path).splitlines(), 1):
+        if "--8<-- [" not in line or ";--8<--" in line:
+            if open_name is not None:
+                found[open_name].append(line)
+            continue
+        where = f"{Path(path).relative_to(ROOT)}:{lineno}"
+        m = MARKER.match(line)
+        assert m, f"{where}: malformed section marker {line.strip()!r} (want `# --8<-- [start:name]`, name in [a-z0-9_])"
+        kind, name = m.groups()
+        if kind == "start":
+            assert open_name is None, f"{where}: section {name!r} starts inside section {open_name!r}"
+            assert name not in seen, f"{where}: section {name!r} is marked twice in this file"
+            open_name = name
+            seen.add(name)
+            found[name] = []
+        else:
+            assert open_name == name, f"{where}: end of {name!r} without its start (open: {open_name!r})"
+            open_name = None
+    assert open_name is None, f"{Path(path).relative_to(ROOT)}: section {open_name!r} has no end marker"
+    return found
+
+
+def includes():
+    """(page, lineno, path, section or None) for every include line in the docs."""
+    out = []
+    for page in PAGES:
+        for lineno, line in enumerate(read(page).splitlines(), 1):
+            m = INCLUDE.match(line)
+            if not m:
+                continue
+            target, section = m.group(1), None
+            head, _, tail = target.rpartition(":")
+            if head and SECTION_NAME.fullmatch(tail):
+                target, section = head, tail
+            out.append((page, lineno, target, section))
+    return out
+
+
+def marked_files():
+    return [p for p in SCRIPTS + PAGES if "--8<-- [" in read(p)]
+
+
+def test_markers_are_well_formed_comment_lines():
+    files = marked_files()
+    assert any(p.suffix == ".py" for p in files), "no script has section markers: the docs quote no code"
+    for path in files:
+        sections(path)  # asserts
+
+
+def test_every_included_file_and_section_exists_and_is_not_empty():
+    found = includes()
+    assert len([i for i in found if i[3]]) >= 10, "the script pages should include their code excerpts"
+    for page, lineno, target, section in found:
+        where = f"{page.relative_to(ROOT)}:{lineno}"
+        assert not re.search(r":-?\d", target), (
+            f"{where}: {target!r} includes a line range, which drifts silently; mark a section instead"
+        )
+        path = ROOT / target
+        assert path.is_file(), f"{where}: {target} does not exist (paths are relative to the repository root)"
+        if section:
+            marked = sections(path)
+            assert section in marked, f"{where}: {target} has no section {section!r} (it has {sorted(marked)})"
+            assert any(line.strip() for line in marked[section]), f"{where}: section {target}:{section} is empty"
+
+
+def test_every_marked_section_is_included_somewhere():
+    """Markers cost the script's reader a line each: none without a page that shows it."""
+    used = {(target, section) for _, _, target, section in includes() if section}
+    for path in marked_files():
+        rel = path.relative_to(ROOT).as_posix()
+        for name in sections(path):
+            assert (rel, name) in used, f"section {rel}:{name} is marked but no page includes it"
+
+
+def test_python_code_in_the_docs_is_included_not_copied():
+    fence = re.compile(r"^(\s*)(`{3,}|~{3,})\s*(\w*)")
+    for page in PAGES:
+        lines, i = read(page).splitlines(), 0
+        while i < len(lines):
+            m = fence.match(lines[i])
+            if not m:
+                i += 1
+                continue
+            indent, marker, lang = m.groups()
+            j = i + 1
+            while j < len(lines) and not lines[j].strip().startswith(marker):
+                j += 1
+            body = [line for line in lines[i + 1 : j] if line.strip()]
+            if lang in ("python", "py"):
+                copied = [line for line in body if not INCLUDE.match(line)]
+                assert not copied, (
+                    f"{page.relative_to(ROOT)}:{i + 1}: a python block with code written into the page "
+                    f"({copied[0].strip()!r}); mark a section in the script and include it"
+                )
+            i = j + 1
+
+
+# ---- the script pages: every option with its default, every logged metric ----------------------
+
+
+def script_options(script):
+    """{--flag: default} of the script's Args dataclass; default is ... when it is not a literal."""
+    tree = ast.parse(read(ROOT / script))
+    args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
+    options, body = {}, args.body
+    for k, node in enumerate(body):
+        if not isinstance(node, ast.AnnAssign):
+            continue
+        doc = body[k + 1].value.value if k + 1 < len(body) and isinstance(body[k + 1], ast.Expr) else ""
+        if "computed in runtime" in str(doc):
+            continue
+        try:
+            default = ast.literal_eval(node.value)
+        except ValueError:
+            default = ...
+        options["--" + node.target.id.replace("_", "-")] = default
+    return options
+
+
+def page_option_rows(page):
+    """{--flag: default cell} of the rows of a page's tables whose first cell is one `--flag`."""
+    rows = {}
+    for line in read(DOCS / page).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.lstrip().startswith("|") and len(cells) >= 2 and re.fullmatch(r"`--[a-z0-9-]+`", cells[0]):
+            rows[cells[0].strip("`")] = cells[1].strip("`")
+    return rows
+
+
+def same_default(cell, default):
+    if default is ...:
+        return True  # computed (e.g. the file name): described in words
+    if default is None or isinstance(default, bool):
+        return cell == str(default)
+    if isinstance(default, (int, float)):
+        try:
+            return float(cell) == float(default)
+        except ValueError:
+            return False
+    return cell.strip("\"'") == str(default)
+
+
+@pytest.mark.parametrize("script", sorted(REFERENCE_PAGES))
+def test_script_page_lists_every_option_with_its_default(script):
+    options, rows = script_options(script), page_option_rows(REFERENCE_PAGES[script])
+    assert len(options) > 20
+    missing = sorted(set(options) - set(rows))
+    assert not missing, f"docs/{REFERENCE_PAGES[script]} has no table row for {missing}"
+    unknown = sorted(set(rows) - set(options))
+    assert not unknown, f"docs/{REFERENCE_PAGES[script]} documents options {script} does not have: {unknown}"
+    wrong = {flag: (rows[flag], options[flag]) for flag in options if not same_default(rows[flag], options[flag])}
+    assert not wrong, f"docs/{REFERENCE_PAGES[script]}: defaults (page, script) differ: {wrong}"
+
+
+def script_metrics(script):
+    """Every TensorBoard tag the script logs: literal add_scalar tags, plus losses/<key> for the
+    per-minibatch `stats[key]` that one f"losses/{name}" loop logs."""
+    source = read(ROOT / script)
+    calls = re.findall(r"add_scalar\(\s*(f?)\"([^\"]+)\"", source)
+    tags = {tag for f, tag in calls if not f}
+    formatted = {tag for f, tag in calls if f}
+    assert formatted <= {"losses/{name}"}, f"{script} logs tags this test cannot read: {formatted}"
+    if formatted:
+        tags |= {f"losses/{key}" for key in re.findall(r'stats\["(\w+)"\]', source)}
+    return tags
+
+
+@pytest.mark.parametrize("script", sorted(REFERENCE_PAGES))
+def test_script_page_lists_every_logged_metric(script):
+    tags, text = script_metrics(script), read(DOCS / REFERENCE_PAGES[script])
+    assert len(tags) > 10
+    missing = sorted(tag for tag in tags if f"`{tag}`" not in text)
+    assert not missing, f"docs/{REFERENCE_PAGES[script]} does not describe the metrics {missing}"
+    named = set(re.findall(r"`((?:charts|losses|eval)/\w+)`", text))
+    stale = sorted(named - tags)
+    assert not stale, f"docs/{REFERENCE_PAGES[script]} names metrics {script} does not log: {stale}"
+
+
+# ---- the built site ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """`mkdocs build --strict` into a temporary folder (never into the repository)."""
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+         "--site-dir", str(out)],
+        cwd=out, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+def built_page(site, page):
+    return site / page.relative_to(DOCS).with_suffix(".html")
+
+
+def page_text(path):
+    return html.unescape(re.sub(r"<[^>]+>", "", read(path)))
+
+
+def test_the_site_builds_strict_with_every_page_in_the_nav(site):
+    for page in PAGES:
+        assert built_page(site, page).is_file(), f"{page.relative_to(ROOT)} was not built"
+    nav = read(site / "index.html")
+    for page in PAGES:
+        assert f'href="{page.relative_to(DOCS).with_suffix(".html").as_posix()}"' in nav or page.name == "index.md", (
+            f"{page.relative_to(ROOT)} is not in the navigation (mkdocs.yml nav)"
+        )
+
+
+def test_built_pages_show_the_code_of_each_included_section(site):
+    for page, _, target, section in includes():
+        if not target.endswith(".py"):
+            continue  # Markdown renders to something else; its sections are checked above
+        lines = sections(ROOT / target)[section] if section else read(ROOT / target).splitlines()
+        first = next(line.strip() for line in lines if line.strip() and "--8<--" not in line)
+        text = page_text(built_page(site, page))
+        assert first in text, f"{page.relative_to(ROOT)}: the built page lacks {target}:{section} ({first!r})"
+
+
+def test_the_site_loads_nothing_from_the_internet(site):
+    """Offline readers (and offline CI screenshots) get every script, style, font and image."""
+    remote = re.compile(r"""<(?:script|img|iframe)\b[^>]*\bsrc=["']?(?:https?:)?//|<link\b[^>]*\bhref=["']?(?:https?:)?//""")
+    for path in site.rglob("*.html"):
+        found = remote.search(read(path))
+        assert not found, f"{path.relative_to(site)} loads a remote resource: {found.group(0)}"
+    for path in site.rglob("*.css"):
+        found = re.search(r"url\(\s*[\"']?(?:https?:)?//[^)]*\)", read(path))
+        assert not found, f"{path.relative_to(site)} loads a remote resource: {found.group(0)}"
+
+
+def math_in(site):
+    """(page, tex, display) of every formula arithmatex left for the renderer."""
+    out = []
+    for path in sorted(site.rglob("*.html")):
+        for tag, tex in re.findall(r'<(span|div) class="arithmatex">(.*?)</\1>', read(path), re.S):
+            tex = html.unescape(tex).strip()
+            out.append((path.name, tex[2:-2] if tex[:2] in ("\\(", "\\[") else tex, tag == "div"))
+    return out
+
+
+def test_pages_with_math_load_the_vendored_renderer(site):
+    formulas = math_in(site)
+    assert len(formulas) > 50, "the method pages should carry their equations"
+    for name in sorted({page for page, _, _ in formulas}):
+        source = read(site / name)
+        assert "javascripts/katex/katex.min.js" in source and "javascripts/math.js" in source, name
+    assert (site / "javascripts" / "katex" / "fonts" / "KaTeX_Main-Regular.woff2").is_file()
+
+
+def test_every_formula_renders_with_the_vendored_katex(site, tmp_path):
+    """Renders each formula with the same KaTeX the pages load (needs node; skipped without it)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: formulas are only checked by the strict build")
+    formulas = math_in(site)
+    (tmp_path / "formulas.json").write_text(json.dumps([[tex, display] for _, tex, display in formulas]))
+    check = (
+        "const katex = require(process.argv[1]);"
+        "const formulas = JSON.parse(require('fs').readFileSync(process.argv[2], 'utf8'));"
+        "const bad = [];"
+        "for (const [tex, displayMode] of formulas) {"
+        "  try { katex.renderToString(tex, {displayMode, throwOnError: true}); }"
+        "  catch (e) { bad.push(tex + '  -->  ' + e.message); } }"
+        "console.log(JSON.stringify(bad));"
+    )
+    proc = subprocess.run(
+        [node, "-e", check, str(DOCS / "javascripts" / "katex" / "katex.min.js"), str(tmp_path / "formulas.json")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    bad = json.loads(proc.stdout)
+    assert not bad, "formulas KaTeX cannot render:\n" + "\n".join(bad)

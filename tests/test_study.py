@@ -1,0 +1,140 @@
+"""The study runner (benchmark/study.py) and its analysis (benchmark/analyze.py), on small
+synthetic results whose scores and aggregates are known, and one tiny real run."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark"))
+import analyze  # noqa: E402
+import study  # noqa: E402
+
+
+def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000):
+    """A finished run in the study's format: one update per entry of `returns` (one episode each)."""
+    run = study.Run(task, algorithm, k, seed, steps_per_update * len(returns))
+    rows = [{"step": steps_per_update * (i + 1), "episodes": 1, "return_mean": float(r)} for i, r in enumerate(returns)]
+    study.write_csv(os.path.join(folder, run.name + ".csv"), rows)
+    with open(os.path.join(folder, run.name + ".json"), "w") as f:
+        json.dump(dict(command=run.portable_command(), task=task, algorithm=algorithm, k=k, seed=seed,
+                       total_timesteps=run.steps), f)
+    return run
+
+
+# --- scores -------------------------------------------------------------------------------------
+
+def test_slice_scores_final_and_auc():
+    # 20 updates of 1000 steps, 10 slices of 2000 steps: updates 2i+1, 2i+2 fall in slice i
+    rows = [{"step": 1000 * (i + 1), "episodes": 2 if i % 2 else 1, "return_mean": float(i)} for i in range(20)]
+    scores = analyze.slice_scores(rows, 20_000)
+    # slice i holds update 2i (1 episode, return 2i) and update 2i+1 (2 episodes, return 2i+1)
+    np.testing.assert_allclose(scores, [(2 * i + 2 * (2 * i + 1)) / 3 for i in range(10)])
+    s = analyze.run_scores({"total_timesteps": 20_000}, rows)
+    assert s["final"] == pytest.approx(scores[-1]) and s["auc"] == pytest.approx(scores.mean())
+
+
+def test_a_slice_without_episodes_is_left_out_of_the_auc():
+    rows = [{"step": 1000, "episodes": 1, "return_mean": 10.0}, {"step": 2000, "episodes": 0, "return_mean": ""},
+            {"step": 4000, "episodes": 1, "return_mean": 40.0}]
+    scores = analyze.slice_scores(rows, 4000, slices=4)
+    assert scores[0] == 10.0 and np.isnan(scores[1]) and scores[3] == 40.0
+    assert analyze.run_scores({"total_timesteps": 4000}, rows)["final"] == 40.0
+
+
+def test_normalisation():
+    assert analyze.normalise(150.0, random_score=50.0, reference_score=250.0) == pytest.approx(0.5)
+    assert analyze.normalise(-20.0, random_score=-100.0, reference_score=-60.0) == pytest.approx(2.0)
+
+
+def test_iqm_of_a_known_array_and_seeded_intervals():
+    scores = np.arange(1.0, 9.0).reshape(8, 1)  # 8 runs, 1 task: IQM = mean(3, 4, 5, 6)
+    points, intervals = analyze.aggregates({"a": scores}, reps=200, seed=0)
+    median, iqm, mean, gap = points["a"]
+    assert (median, iqm, mean) == pytest.approx((4.5, 4.5, 4.5))
+    assert gap == pytest.approx(0.0)  # every score is >= 1: no gap to "as good as the reference"
+    _, again = analyze.aggregates({"a": scores}, reps=200, seed=0)
+    np.testing.assert_array_equal(intervals["a"], again["a"])  # same data and seed, same intervals
+    assert intervals["a"][0, 1] < 4.5 < intervals["a"][1, 1]
+
+
+def test_probability_of_improvement_of_a_dominating_algorithm():
+    better, worse = np.full((3, 2), 2.0), np.full((3, 2), 1.0)
+    points, _ = analyze.probability_of_improvement({"x,y": (better, worse)}, reps=100, seed=0)
+    assert points["x,y"] == pytest.approx(1.0)
+
+
+def test_analysis_end_to_end(tmp_path):
+    folder = str(tmp_path)
+    randoms = {"TaskA-v4": 0.0, "TaskB-v4": 100.0}
+    with open(os.path.join(folder, "random_scores.json"), "w") as f:
+        json.dump(randoms, f)  # known random-policy returns (no env is run)
+    for seed in (1, 2, 3):
+        for task, base in randoms.items():
+            write_run(folder, task, "ppo", 1, seed, [base + 10 * seed] * 10)  # PPO K=1 mean: base + 20
+            write_run(folder, task, "ppo", 8, seed, [base + 5 * seed] * 10)  # half as far above random
+            write_run(folder, task, "vaco", 1, seed, [base + 20] * 10)
+            write_run(folder, task, "vaco", 8, seed, [base + 30] * 10)
+    analyze.main(analyze.Args(results_dir=folder, reps=200))
+    raw, normalised = analyze.score_table(analyze.load_runs(folder), randoms)
+    assert normalised[("ppo", 8)]["TaskB-v4"][2]["final"] == pytest.approx(10 / 20)
+    assert normalised[("vaco", 8)]["TaskA-v4"][1]["final"] == pytest.approx(1.5)
+    report = open(os.path.join(folder, "report.md")).read()
+    assert "| vaco | 8 | 3 | 1.50 [1.50, 1.50]" in report  # median with its (degenerate) interval
+    assert "| ppo | 8 | 1.00 [1.00, 1.00] |" in report  # P(VACO > PPO) at K = 8
+    for figure in ("lag_robustness.png", "aggregates_K1.png", "aggregates_K8.png", "learning_curves.png"):
+        assert os.path.getsize(os.path.join(folder, figure)) > 1000
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+def test_shards_split_the_grid_without_overlap():
+    runs = study.grid("cpu")
+    shards = [study.select(runs, shard=f"{i}/7") for i in range(1, 8)]
+    assert sorted(sum(shards, []), key=runs.index) == runs
+    assert len(runs) == len(set(runs))
+    assert all(r.steps == 300_000 for r in runs)
+
+
+def test_paper_preset_covers_every_algorithm_lag_and_task():
+    runs = study.grid("paper")
+    assert len(runs) == 6 * 4 * 10 * 10
+    assert {r.algorithm for r in runs} == {"ppo", "ppo-kl", "spo", "vaco", "vaco-noalign", "vaco-nofilter"}
+
+
+def test_finished_runs_are_skipped_and_changed_ones_kept_aside(tmp_path):
+    folder = str(tmp_path)
+    run = write_run(folder, "Hopper-v4", "vaco", 8, 1, [1.0] * 3)
+    assert study.is_finished(run, folder)
+    changed = study.Run(run.task, run.algorithm, run.k, run.seed, run.steps + 1)  # another command
+    assert not study.is_finished(changed, folder)
+    study.move_stale(changed, folder)
+    assert sorted(os.listdir(os.path.join(folder, "stale"))) == [run.name + ".csv", run.name + ".json"]
+    assert not study.is_finished(run, folder)
+
+
+def test_a_tiny_study_runs_then_resumes_without_rerunning(tmp_path, capsys):
+    args = study.Args(preset="cpu", algorithms=["vaco-proximal-0.1"], tasks=["Hopper-v4"], ks=[8],
+                      shard="1/3", total_timesteps=4096, out_dir=str(tmp_path), jobs=1)
+    study.main(args)
+    (csv_name,) = [n for n in os.listdir(tmp_path) if n.endswith(".csv")]
+    rows = open(tmp_path / csv_name).read().splitlines()
+    assert rows[0].startswith("step,episodes,return_mean,policy_lag_mean,backward_tv")
+    assert [r.split(",")[0] for r in rows[1:]] == ["2048", "4096"]  # one row per update
+    assert float(rows[1].split(",")[study.COLUMNS.index("filter_tv")]) > 0
+    meta = json.load(open(tmp_path / csv_name.replace(".csv", ".json")))
+    assert meta["command"].startswith("python vaco_continuous.py --env-id Hopper-v4 --policy-buffer 8 --seed 1")
+    capsys.readouterr()
+    study.main(args)
+    assert "1 already finished, 0 to go" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("overrides, message", [(dict(preset="gpu"), "unknown preset 'gpu'"),
+                                                (dict(algorithms=["vac"]), "unknown algorithm(s) vac"),
+                                                (dict(shard="3"), "--shard must look like I/N"),
+                                                (dict(shard="4/3"), "need 1 <= I <= N")])
+def test_study_bad_input(overrides, message):
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
+        study.main(study.Args(**overrides))
