@@ -84,10 +84,15 @@ class Args:
     capture_video: bool = False
     """whether to capture videos of the agent performances (env 0 of actor 1, saved to `videos/<run_name>`)"""
     save_model: bool = False
-    """whether to save checkpoints to `runs/<run_name>/` (every `--checkpoint-every` updates and at
-    the end) and then evaluate the last one"""
+    """whether to save a checkpoint to `runs/<run_name>/` and then evaluate it"""
     eval_episodes: int = 10
     """episodes of deterministic evaluation of the saved checkpoint (with `--save-model`)"""
+    checkpoint_every: int = 0
+    """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
+    resume: Optional[str] = None
+    """continue a run from a checkpoint it saved (weights, optimizer, normalisation, random stream,
+    step count and version) up to `--total-timesteps`; the episodes in flight are not saved, so the
+    actors start new ones. Logs go to a new run folder"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v4"
@@ -126,11 +131,12 @@ class Args:
 
     # VACO
     tv_threshold: float = 0.2
-    """delta: filter samples once the minibatch's TV estimate exceeds it"""
+    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it"""
     tv_reference: Literal["behaviour", "proximal"] = "behaviour"
-    """the policy the TV estimate and the sign rule compare pi_theta with: the behaviour policy beta
-    that acted (the paper), or pi_T, the learner's policy at the start of the update (a decoupled
-    "proximal" policy); the surrogate ratio is pi_theta / beta either way"""
+    """the policy the TV filter measures against. behaviour: beta, the paper's rule (the TV then
+    holds backward and forward lag together); proximal: pi_T, the learner's policy at the start of
+    the update (Hilton et al. 2021), so the filter bounds only the forward drift while alignment
+    handles the backward lag. The surrogate's ratio stays pi_theta/beta either way; K = 1: equal"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance ratios in the TD errors (rho-bar)"""
     c_bar: float = 1.0
@@ -161,10 +167,6 @@ class Args:
     that long the learner checkpoints and exits non-zero"""
     stop_on_actor_loss: bool = False
     """stop (checkpoint, exit non-zero) when an actor is lost, instead of carrying on without it"""
-    checkpoint_every: int = 50
-    """with `--save-model`: also checkpoint every this many updates (one file per version)"""
-    resume: Optional[str] = None
-    """continue from this checkpoint: weights, optimizer, normalisation statistics, step count, version"""
     master_port: int = 0
     """local launch: the learner's rendezvous port on 127.0.0.1 (0: any free one); torchrun sets its own"""
 
@@ -189,9 +191,8 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --num-actors must be >= 1, got {args.num_actors}")
     if args.num_envs % args.num_actors:
         sys.exit(f"error: --num-envs {args.num_envs} cannot be split evenly across {args.num_actors} actors")
-    for name in ("queue_batches", "checkpoint_every"):
-        if getattr(args, name) < 1:
-            sys.exit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.queue_batches < 1:
+        sys.exit(f"error: --queue-batches must be >= 1, got {args.queue_batches}")
     for name in ("max_policy_lag", "actor_delay_ms"):
         if (getattr(args, name) or 0) < 0:
             sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
@@ -199,6 +200,8 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --master-port must be a port number (0 for any free one), got {args.master_port}")
     if args.eval_episodes < 0:
         sys.exit(f"error: --eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.checkpoint_every < 0:
+        sys.exit(f"error: --checkpoint-every must be >= 0, got {args.checkpoint_every}")
     if args.batch_size % args.num_minibatches:
         sys.exit(
             f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
@@ -267,12 +270,11 @@ class RunningMeanStd:
         self.var = m2 / total
         self.count = total
 
-    def state_dict(self):
-        """Tensors and a float: what a weights-only checkpoint may hold."""
+    def state_dict(self):  # tensors and plain numbers: checkpoints load with weights_only=True
         return {"mean": torch.as_tensor(self.mean), "var": torch.as_tensor(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state):
-        self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), float(state["count"])
+        self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
 
 
 def normalize_obs(obs, obs_rms, clip=10.0):
@@ -358,6 +360,7 @@ def act(actor, obs, generator):
     return action, gaussian_logprob(action, mean, logstd)
 
 
+# --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
 
@@ -375,8 +378,10 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages
+# --8<-- [end:compute_gae]
 
 
+# --8<-- [start:vtrace_advantages]
 def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_values,
                       terminations, dones, gamma, lam, rho_bar=1.0, c_bar=1.0):
     """All inputs are float tensors shaped [T, N] (time-major); returns (advantages, value_targets).
@@ -403,8 +408,10 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
     advantages = (rewards + gamma * (1.0 - terminations)
                   * (next_values + lam * (1.0 - dones) * next_vs_minus_values) - values)
     return advantages, values + vs_minus_values
+# --8<-- [end:vtrace_advantages]
 
 
+# --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
     """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
@@ -422,8 +429,10 @@ def estimate_advantages(agent, b, args):
         b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
     )
     return values, target_logprobs, advantages, value_targets
+# --8<-- [end:estimate_advantages]
 
 
+# --8<-- [start:ppo_policy_loss]
 def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
         L = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),   r = pi_theta(a|s) / beta(a|s)
@@ -432,59 +441,51 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
+# --8<-- [end:ppo_policy_loss]
 
 
+# --8<-- [start:vaco_policy_loss]
 def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, reference_logprob=None):
     """TV filtering. Returns (loss, tv, filtered_fraction).
 
-        r = pi_theta(a|s) / beta(a|s),   q = pi_theta(a|s) / pi_ref(a|s)   (pi_ref = beta by default)
+        r = pi_theta(a|s) / beta(a|s),     the surrogate's importance ratio
+        q = pi_theta(a|s) / pi_ref(a|s),   pi_ref = beta (the paper), or pi_T (`reference_logprob`)
         TV(pi_theta, pi_ref) ~ tv = 1/2 mean|q - 1|
         if tv > delta: filter a sample when A * sign(q - 1) > 0, i.e. when following its gradient
                        would move q further from 1 (the policy further from pi_ref)
         L = -mean( r * A for kept samples,  sg(r * A) for filtered ones )
     Filtered samples give zero gradient but stay in the mean's denominator. No ratio clipping.
-    `reference_logprob` None is the paper's rule (pi_ref = beta); the log-probs of pi_T, the
-    learner's policy at the start of the update, bound the step against a recent "proximal" policy.
     """
     ratio = (newlogprob - behavior_logprob).exp()
-    reference_ratio = ratio if reference_logprob is None else (newlogprob - reference_logprob).exp()
-    deviation = reference_ratio.detach() - 1
+    if reference_logprob is None:  # the paper's rule: the reference is the behaviour policy
+        deviation = ratio.detach() - 1
+    else:
+        deviation = (newlogprob.detach() - reference_logprob).exp() - 1
     tv = 0.5 * deviation.abs().mean()
     filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (q - 1) > 0: same sign
     surrogate = ratio * advantages
     surrogate = torch.where(filtered, surrogate.detach(), surrogate)
     return -surrogate.mean(), tv, filtered.float().mean()
+# --8<-- [end:vaco_policy_loss]
 
 
-def save_checkpoint(path, agent, optimizer, obs_rms, reward_rms, args, global_step, iteration):
-    """All that acting and resuming need, as tensors and plain numbers only: loading it with
-    `torch.load(weights_only=True)` never has to unpickle (and so run) anything."""
+def save_checkpoint(path, state):
+    """`state` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
     if os.path.exists(path):  # the run directory is new, so this only guards against misuse
         raise FileExistsError(f"refusing to overwrite {path}")
-    torch.save(
-        {
-            "agent": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "obs_rms": obs_rms.state_dict(),
-            "reward_rms": reward_rms.state_dict(),
-            "global_step": global_step,
-            "iteration": iteration,  # here: the learner's version
-            "args": vars(args),
-        },
-        path,
-    )
+    torch.save(state, path)
 
 
 def load_checkpoint(path):
-    """The checkpoint's dict. Weights-only: a file that holds pickled objects is refused, not run."""
+    """weights_only=True: loading a checkpoint never runs code; a file that holds a pickled object
+    (anything beyond tensors and plain containers) is refused with a one-line error."""
     try:
-        return torch.load(path, weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = [line.strip() for line in str(e).splitlines() if "Unsupported global" in line]
-        sys.exit(f"error: {path} is not a weights-only checkpoint; refusing to unpickle it"
-                 + (f" ({found[0]})" if found else ""))
-    except (OSError, RuntimeError, EOFError) as e:  # unreadable, truncated, not a torch file
-        sys.exit(f"error: cannot read the checkpoint {path}: {str(e).splitlines()[0]}")
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        sys.exit(f"error: refusing to load {path}: it holds more than tensors and plain values "
+                 "(a pickled object, which could run code)")
+    except Exception as error:  # a truncated or foreign file
+        sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
 
 
 def load_agent(path, obs_dim, act_dim):
@@ -967,8 +968,10 @@ def main(args: Args):
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
     check_args(args)
-    if rank > 0:  # torchrun started this process as an actor
+    if rank > 0:  # torchrun started this process as an actor: it takes the learner's settings
         actor_process(rank, world_size, args)
+    if args.resume is not None and not os.path.isfile(args.resume):  # the learner's file, on its machine
+        sys.exit(f"error: --resume {args.resume}: no such file")
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
         sys.exit(f"error: runs/{run_name} already exists; wait a second or change --exp-name")
@@ -979,52 +982,15 @@ def main(args: Args):
     envs = make_envs(replace(args, num_envs=1, capture_video=False), run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     envs.close()
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
-    generator = torch.Generator().manual_seed(args.seed)  # minibatch order (each actor seeds its action noise)
-
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    agent = Agent(obs_dim, act_dim).to(device)
-    # fused: one kernel for all parameters instead of a dozen small ops each (same update)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    obs_rms = RunningMeanStd((obs_dim,))
-    reward_scaler = RewardScaler(args.num_envs, args.gamma)  # all envs; each actor's are a slice
-    budget = args.num_iterations * args.batch_size
-    global_step, version = 0, 0
-    if args.resume is not None:  # weights, optimizer, statistics, step count and version
-        checkpoint = load_checkpoint(args.resume)
-        if checkpoint["args"]["env_id"] != args.env_id:
-            sys.exit(f"error: {args.resume} was trained on {checkpoint['args']['env_id']}, not on --env-id {args.env_id}")
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        obs_rms.load_state_dict(checkpoint["obs_rms"])
-        reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
-        global_step, version = checkpoint["global_step"], checkpoint["iteration"]
-        if global_step >= budget:
-            sys.exit(f"error: {args.resume} is at step {global_step}, already the end of --total-timesteps {budget}")
-
-    # Launch: the learner's process group waits for every actor; from here on, point-to-point only.
-    store = None if torchrun else open_store(args, world_size)
-    stop_request, processes = [], {}
-    handle_signals(stop_request, processes)
-    if torchrun:
-        join_process_group(rank, world_size, args)
-    else:
-        processes.update(start_actors(args, world_size, store.port))  # a second Ctrl-C kills these
-        join_with_watchdog(store, world_size, args, processes)
-    print(f"learner: {world_size - 1} actor(s) joined; training from step {global_step}, version {version}", flush=True)
-    startup_exchange(run_name, args)
-    layout = SegmentLayout(args.num_steps, args.num_envs // args.num_actors, obs_dim, act_dim)
-    weights = pack_policy(agent.actor, obs_rms)
-    _, policy_rms = unpack_policy(weights, obs_dim)  # what the actors normalise with, in float32
-    comm = LearnerComm(range(1, world_size), layout.size, args.queue_batches * args.num_actors, args.sync,
-                       version, weights)
-    comm.start()
+    budget = args.num_iterations * args.batch_size  # env steps the learner takes from the actors
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint and checkpoint["args"]["env_id"] != args.env_id:
+        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
+                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
+    if checkpoint and checkpoint["global_step"] >= budget:
+        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
+                 f"raise --total-timesteps above it to train on")
+    store = None if torchrun else open_store(args, world_size)  # where the actors will find the learner
 
     if args.track:
         import wandb
@@ -1042,6 +1008,58 @@ def main(args: Args):
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
     )
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
+    generator = torch.Generator().manual_seed(args.seed)  # minibatch order (each actor seeds its action noise)
+
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    agent = Agent(obs_dim, act_dim).to(device)
+    # fused: one kernel for all parameters instead of a dozen small ops each (same update)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    obs_rms = RunningMeanStd((obs_dim,))
+    reward_scaler = RewardScaler(args.num_envs, args.gamma)  # all envs; each actor's are a slice
+
+    def training_state(global_step, version):
+        """Everything a resumed run needs, as tensors and plain numbers."""
+        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
+                "generator": generator.get_state(), "global_step": global_step,
+                "iteration": version, "args": vars(args)}
+
+    global_step, version = 0, 0  # version: the number of updates, what the actors' policies are tagged with
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["agent"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        except (RuntimeError, ValueError) as error:
+            sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+        obs_rms.load_state_dict(checkpoint["obs_rms"])
+        reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
+        generator.set_state(checkpoint["generator"])
+        global_step, version = checkpoint["global_step"], checkpoint["iteration"]
+        print(f"resumed from {args.resume} at step {global_step} (version {version})")
+
+    # Launch: the learner's process group waits for every actor; from here on, point-to-point only.
+    stop_request, processes = [], {}
+    handle_signals(stop_request, processes)
+    if torchrun:
+        join_process_group(rank, world_size, args)
+    else:
+        processes.update(start_actors(args, world_size, store.port))  # a second Ctrl-C kills these
+        join_with_watchdog(store, world_size, args, processes)
+    startup_exchange(run_name, args)
+    print(f"learner: {world_size - 1} actor(s) joined; training from step {global_step}, version {version}", flush=True)
+    layout = SegmentLayout(args.num_steps, args.num_envs // args.num_actors, obs_dim, act_dim)
+    weights = pack_policy(agent.actor, obs_rms)
+    _, policy_rms = unpack_policy(weights, obs_dim)  # what the actors normalise with, in float32
+    comm = LearnerComm(range(1, world_size), layout.size, args.queue_batches * args.num_actors, args.sync,
+                       version, weights)
+    comm.start()
 
     reported = set()  # lost actors already announced
 
@@ -1126,7 +1144,7 @@ def main(args: Args):
 
         # flatten the batch: [T, N, ...] -> [T * N, ...]
         flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns, target_logprobs=target_logprobs)
+                    returns=returns, proximal_logprobs=target_logprobs)
         flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
 
         # Optimizing the policy and value network
@@ -1143,17 +1161,20 @@ def main(args: Args):
                 entropy = gaussian_entropy(logstd)
                 newvalue = agent.get_value(mb["obs"])
 
+                # --8<-- [start:minibatch_loss]
                 mb_advantages = mb["advantages"]
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-                # Policy loss: TV filtering (no ratio clipping); the TV against beta or against pi_T
+                # Policy loss: TV filtering (no ratio clipping)
                 if args.tv_filter:
-                    reference = mb["target_logprobs"] if args.tv_reference == "proximal" else None
-                    pg_loss, _, filtered_fraction = vaco_policy_loss(
+                    reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
+                    pg_loss, tv, filtered_fraction = vaco_policy_loss(
                         newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
                     )
                     stats["filtered_fraction"].append(filtered_fraction)
+                    stats["filter_on_fraction"].append((tv > args.tv_threshold).float())
+                    stats["filter_tv"].append(tv)  # the TV compared with delta
                 else:  # ablation: PPO's clipped surrogate
                     pg_loss, _ = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
                 logratio = newlogprob - mb["logprobs"]
@@ -1172,6 +1193,7 @@ def main(args: Args):
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+                # --8<-- [end:minibatch_loss]
 
                 with torch.no_grad():
                     stats["policy_loss"].append(pg_loss)
@@ -1227,9 +1249,10 @@ def main(args: Args):
             print(f"step {global_step}/{budget} ({100 * global_step / budget:.0f}%) | SPS: {sps} | "
                   f"return (last {len(recent_returns)} eps) {recent} | lag {np.mean(lags):.2f} | "
                   f"ETA {format_eta(eta)}", flush=True)
-        if args.save_model and version % args.checkpoint_every == 0:
-            save_checkpoint(f"runs/{run_name}/{args.exp_name}_v{version}.cleanrl_model", agent, optimizer,
-                            obs_rms, reward_scaler.return_rms, args, global_step, version)
+        if args.save_model and args.checkpoint_every and version % args.checkpoint_every == 0 \
+                and global_step < budget:
+            save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
+                            training_state(global_step, version))
 
     if recent_returns:
         print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
@@ -1242,7 +1265,7 @@ def main(args: Args):
     # SIGKILL if the shutdown takes long. An interrupted or failed run always keeps its state.
     model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
     if args.save_model or stopped is not None:
-        save_checkpoint(model_path, agent, optimizer, obs_rms, reward_scaler.return_rms, args, global_step, version)
+        save_checkpoint(model_path, training_state(global_step, version))
         print(f"model saved to {model_path} (step {global_step}, version {version})", flush=True)
     comm.stop()  # every live actor gets STOP in answer to its next segment
     deadline = time.time() + args.actor_timeout

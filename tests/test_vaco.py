@@ -149,18 +149,20 @@ def test_tv_filter_has_no_ratio_clipping(vaco):
     assert newlogprob.grad.item() == pytest.approx(3.0)
 
 
-def test_tv_filter_against_the_behaviour_policy_by_default():
+@every_script
+def test_tv_filter_against_the_behaviour_policy_by_default(vaco):
     # reference_logprob = behaviour log-probs is the paper's rule, the same as passing none
     newlogprob = RATIOS.log().requires_grad_()
     explicit = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, 0.1, reference_logprob=torch.zeros(5))
     explicit[0].backward()
-    loss, tv, filtered_fraction, grad = filter_loss(tv_threshold=0.1)
+    loss, tv, filtered_fraction, grad = filter_loss(vaco, tv_threshold=0.1)
     assert explicit[0].item() == loss.item() and explicit[1].item() == tv.item()
     assert explicit[2].item() == filtered_fraction.item()
     torch.testing.assert_close(newlogprob.grad, grad)
 
 
-def test_tv_filter_against_the_proximal_policy():
+@every_script
+def test_tv_filter_against_the_proximal_policy(vaco):
     # pi_T gave these actions twice beta's probability; pi_theta has moved back towards beta:
     # r = pi_theta/beta = 1.5 but q = pi_theta/pi_T = 0.75. With A > 0 the paper's rule sees the
     # policy moving away from beta and filters; against pi_T the same step moves q back to 1 and
