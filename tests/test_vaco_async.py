@@ -275,13 +275,18 @@ def test_two_actors_finish_with_lag_and_a_checkpoint(launch, tmp_path):
     assert checkpoint["obs_rms"]["count"] == pytest.approx(512, abs=1e-3)  # the observations of 8 batches
 
 
-def test_sync_uses_only_the_current_version(launch, tmp_path):
-    code, out, err = script(launch, *flags(num_actors=2, sync=True)).finish(timeout=90)
-    assert code == 0, out + err
-    _, scalars = run_scalars(tmp_path)
-    assert scalars["charts/policy_lag_max"] == [0] * 8
-    assert max(scalars["charts/backward_tv"]) < 1e-6  # the behaviour policy is the learner's
-    assert scalars["charts/segments_received"][-1] == scalars["charts/segments_used"][-1] == 16
+def test_sync_uses_only_the_current_version_and_repeats_exactly(launch, tmp_path):
+    # two runs with the same seed, side by side: --sync is the deterministic baseline
+    runs = [script(launch, *flags(num_actors=2, sync=True, exp_name=name), name=name) for name in ("a", "b")]
+    for run in runs:
+        code, out, err = run.finish(timeout=90)
+        assert code == 0, out + err
+    (_, a), (_, b) = run_scalars(tmp_path, "a"), run_scalars(tmp_path, "b")
+    assert a["charts/policy_lag_max"] == [0] * 8
+    assert max(a["charts/backward_tv"]) < 1e-6  # the behaviour policy is the learner's
+    assert a["charts/segments_received"][-1] == a["charts/segments_used"][-1] == 16
+    for tag in ["charts/episodic_return", "losses/value_loss", "losses/policy_loss"]:
+        assert a[tag] == b[tag], tag
 
 
 def test_max_policy_lag_0_drops_old_segments(launch, tmp_path):
