@@ -1,0 +1,174 @@
+"""Return against wall-clock time: vaco_async.py (actor processes, real lag) beside the synchronous
+vaco_continuous.py --policy-buffer 1, with the same env steps and seeds, one run at a time on this
+machine (each run has every core to itself).
+
+For every run it records when it was launched and when it ended, and reads the wall time of each
+finished training episode from its TensorBoard log. It reports, per run: wall time, env steps/s,
+the final return (mean of the last `--window` episodes), the lag the asynchronous runs ran at, and
+the time each run took to reach the synchronous runs' final return (mean over their seeds) with
+its rolling mean; and a figure of the rolling mean return against wall-clock minutes.
+
+    python benchmark/async_wallclock.py --env-id Hopper-v4 --total-timesteps 300000 --seeds 1 2
+
+Finished runs are listed in `<out-dir>/runs.json` with the settings and not run again: run it in
+pieces, or rerun it to redo the report only. Nothing else may use the cores meanwhile, or the
+times say little.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tyro
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Args:
+    env_id: str = "Hopper-v4"
+    """the MuJoCo task"""
+    total_timesteps: int = 300000
+    """env steps of every run"""
+    seeds: list[int] = field(default_factory=lambda: [1, 2])
+    """seeds; each one runs both scripts"""
+    num_actors: int = 2
+    """actor processes of vaco_async.py"""
+    extra: str = ""
+    """extra flags passed to both scripts"""
+    window: int = 100
+    """episodes in the rolling mean (and in the final return)"""
+    out_dir: str = "runs/async_wallclock"
+    """where the runs (TensorBoard logs, outputs), runs.json, wallclock.md and wallclock.png go"""
+
+
+def commands(args):
+    """{name: command line (without --seed)} of the two scripts compared."""
+    common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), *shlex.split(args.extra)]
+    return {
+        "sync": [sys.executable, os.path.join(ROOT, "vaco_continuous.py"), "--policy-buffer", "1", *common],
+        "async": [sys.executable, os.path.join(ROOT, "vaco_async.py"), "--num-actors", str(args.num_actors), *common],
+    }
+
+
+def run_once(name, command, seed, out_dir):
+    """Run one training run in `out_dir` (its runs/ folder), its output to logs/; returns its record."""
+    exp_name = f"{name}-wallclock"
+    log = os.path.join(out_dir, "logs", f"{exp_name}__{seed}.txt")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    before = set(os.listdir(os.path.join(out_dir, "runs"))) if os.path.isdir(os.path.join(out_dir, "runs")) else set()
+    start = time.time()
+    with open(log, "w") as out:
+        subprocess.run([*command, "--seed", str(seed), "--exp-name", exp_name], cwd=out_dir, stdout=out,
+                       stderr=subprocess.STDOUT, check=True)
+    end = time.time()
+    (run_dir,) = set(os.listdir(os.path.join(out_dir, "runs"))) - before
+    return {"name": name, "seed": seed, "start": start, "end": end, "run_dir": os.path.join("runs", run_dir)}
+
+
+def scalars(run_dir, tag):
+    """(wall times, values) of one tag of a TensorBoard run."""
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars(tag) if tag in acc.Tags()["scalars"] else []
+    return np.array([e.wall_time for e in events]), np.array([e.value for e in events])
+
+
+def rolling_mean(values, window):
+    """Trailing mean over `window` values, defined from the window-th value on."""
+    if len(values) < window:
+        return np.array([])
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    return (sums[window:] - sums[:-window]) / window
+
+
+def analyse(records, args):
+    """Per run: minutes, SPS, final return, lag, and the rolling-mean curve against minutes."""
+    out = []
+    for record in records:
+        run_dir = os.path.join(args.out_dir, record["run_dir"])
+        times, returns = scalars(run_dir, "charts/episodic_return")
+        _, lag_mean = scalars(run_dir, "charts/policy_lag_mean")
+        _, lag_max = scalars(run_dir, "charts/policy_lag_max")
+        curve = rolling_mean(returns, args.window)
+        out.append({**record, "minutes": (record["end"] - record["start"]) / 60,
+                    "sps": args.total_timesteps / (record["end"] - record["start"]),
+                    "final": float(returns[-args.window:].mean()), "lag_mean": float(lag_mean.mean()),
+                    "lag_max": float(lag_max.max()),
+                    "curve_minutes": (times[args.window - 1:] - record["start"]) / 60, "curve": curve})
+    return out
+
+
+def report(runs, args):
+    """Markdown table; the target is the synchronous runs' mean final return."""
+    target = np.mean([r["final"] for r in runs if r["name"] == "sync"])
+    lines = [f"{args.env_id}, {args.total_timesteps:,} env steps per run, one run at a time. Final return: mean of "
+             f"the last {args.window} training episodes. Time to target: first time the rolling mean of "
+             f"{args.window} episodes reaches the synchronous runs' mean final return, {target:.0f}.", "",
+             "| run | seed | wall time (min) | env steps/s | final return | lag mean / max (versions) "
+             "| time to target (min) |", "|-|-|-|-|-|-|-|"]
+    for r in sorted(runs, key=lambda r: (r["name"] != "sync", r["seed"])):
+        reached = np.flatnonzero(r["curve"] >= target)
+        to_target = f"{r['curve_minutes'][reached[0]]:.1f}" if len(reached) else "not reached"
+        lines.append(f"| {r['name']} | {r['seed']} | {r['minutes']:.1f} | {r['sps']:.0f} | {r['final']:.0f} | "
+                     f"{r['lag_mean']:.2f} / {r['lag_max']:.0f} | {to_target} |")
+    return "\n".join(lines)
+
+
+def plot(runs, args, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colours = {"sync": "tab:blue", "async": "tab:orange"}
+    labels = {"sync": "vaco_continuous.py --policy-buffer 1", "async": f"vaco_async.py --num-actors {args.num_actors}"}
+    for r in runs:
+        ax.plot(r["curve_minutes"], r["curve"], color=colours[r["name"]], alpha=0.85,
+                label=f"{labels[r['name']]}, seed {r['seed']}")
+    ax.set_xlabel("wall-clock minutes")
+    ax.set_ylabel(f"return (rolling mean of {args.window} episodes)")
+    ax.set_title(f"{args.env_id}, {args.total_timesteps:,} env steps per run")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(args: Args):
+    os.makedirs(args.out_dir, exist_ok=True)
+    manifest = os.path.join(args.out_dir, "runs.json")
+    settings = {key: getattr(args, key) for key in ("env_id", "total_timesteps", "num_actors", "extra", "window")}
+    records = []
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            saved = json.load(f)
+        if saved["settings"] != settings:
+            sys.exit(f"error: {args.out_dir} holds runs made with {saved['settings']}; choose another --out-dir")
+        records = saved["runs"]
+    done = {(r["name"], r["seed"]) for r in records}
+    for seed in args.seeds:
+        for name, command in commands(args).items():
+            if (name, seed) in done:
+                continue
+            print(f"running {name} seed {seed} ...", flush=True)
+            records.append(run_once(name, command, seed, args.out_dir))
+            with open(manifest, "w") as f:  # after every run: an interrupted study keeps what it finished
+                json.dump({"settings": settings, "runs": records}, f, indent=1)
+            print(f"  {(records[-1]['end'] - records[-1]['start']) / 60:.1f} min", flush=True)
+    runs = analyse(records, args)
+    table = report(runs, args)
+    with open(os.path.join(args.out_dir, "wallclock.md"), "w") as f:
+        f.write(table + "\n")
+    plot(runs, args, os.path.join(args.out_dir, "wallclock.png"))
+    print(table)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
