@@ -524,14 +524,16 @@ def format_eta(seconds):
 # and both sides derive the sizes from the same settings (the learner's, sent at start-up).
 # Integers stored in float32 are exact below 2^24 (versions, segment numbers, ranks, lengths).
 # Tags keep the three kinds of message apart on each actor-learner pair.
+# --8<-- [start:messages]
 REPLY_TAG, WEIGHTS_TAG, SEGMENT_TAG = 1, 2, 3
 CONTINUE, STOP, DISMISSED = 0, 1, 2  # reply codes: act on; the run is over; you were counted lost
 
 
 class SegmentLayout:
     """A segment, what an actor sends after `num_steps` steps of its `num_envs` envs, as one flat
-    float32 message. Observations are raw and rewards unscaled: the learner owns the statistics
-    (observations are normalised with those of the version that acted, see `pack_policy`)."""
+    float32 message. Observations are raw and rewards unscaled: the learner owns the statistics. It
+    normalises observations with those of its current version (the ones the actor acted with, when
+    the segment's lag is 0) and scales rewards with one set of return statistics for all envs."""
 
     HEADER = ("actor", "index", "version", "episodes", "wait_time", "run_time")
 
@@ -580,10 +582,12 @@ def unpack_policy(weights, obs_dim):
     obs_rms = RunningMeanStd((obs_dim,))
     obs_rms.mean, obs_rms.var = statistics[:obs_dim], statistics[obs_dim:]
     return weights[: -2 * obs_dim], obs_rms
+# --8<-- [end:messages]
 
 
 # --- Actors -------------------------------------------------------------------------------------
 
+# --8<-- [start:collect_segment]
 @torch.inference_mode()
 def collect_segment(envs, actor, obs_rms, raw_obs, segment, generator):
     """Step the envs `num_steps` times with `actor`, writing every field of `segment` but its header
@@ -594,7 +598,8 @@ def collect_segment(envs, actor, obs_rms, raw_obs, segment, generator):
     segment["episode_lengths"][:] = 0.0
     for step in range(segment["obs"].shape[0]):
         segment["obs"][step] = raw_obs
-        action, logprob = act(actor, torch.as_tensor(normalize_obs(raw_obs, obs_rms)), generator)
+        # act on the observation as sent (float32), so that the learner evaluates the very same input
+        action, logprob = act(actor, torch.as_tensor(normalize_obs(segment["obs"][step], obs_rms)), generator)
         segment["actions"][step], segment["logprobs"][step] = action.numpy(), logprob.numpy()
 
         # TRY NOT TO MODIFY: execute the game and log data.
@@ -608,8 +613,10 @@ def collect_segment(envs, actor, obs_rms, raw_obs, segment, generator):
             segment["episode_returns"][step, i] = infos["episode"]["r"][i]
             segment["episode_lengths"][step, i] = infos["episode"]["l"][i]
     return raw_obs
+# --8<-- [end:collect_segment]
 
 
+# --8<-- [start:run_actor]
 def run_actor(rank, args, run_name):
     """One actor: receive the newest policy, step the envs for a segment, send it, and so on until
     the learner says stop. Returns the exit code. Every torch.distributed call of an actor is here."""
@@ -620,8 +627,9 @@ def run_actor(rank, args, run_name):
     actor = Actor(obs_dim, act_dim).requires_grad_(False)
     generator = torch.Generator().manual_seed(args.seed + rank)  # this actor's action noise
     layout = SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim)
-    # Two segment buffers: one is filled while the other may still be in flight. gloo reads a
-    # buffer until its send's wait() returns, so a buffer is reused only after that.
+    # Two segment buffers, as a pipelined actor needs: gloo may read a buffer until wait() on its
+    # send returns, so a buffer is reused only after that. (Here the learner answers a segment only
+    # once it has received it, so that wait() returns at once.)
     buffers = [torch.zeros(layout.size), torch.zeros(layout.size)]
     sends = [None, None]
     reply = torch.zeros(2)  # [version, code]
@@ -662,6 +670,7 @@ def run_actor(rank, args, run_name):
         print(f"actor {rank}: the learner had counted this actor lost and dismissed it", file=sys.stderr)
         return 1
     return 0
+# --8<-- [end:run_actor]
 
 
 def actor_process(rank, world_size, args, port=None):
@@ -682,6 +691,7 @@ def actor_process(rank, world_size, args, port=None):
 
 # --- Learner ------------------------------------------------------------------------------------
 
+# --8<-- [start:learner_comm]
 class LearnerComm(threading.Thread):
     """The learner's communication thread, its only caller of torch.distributed (one thread per
     process; `Work.wait` releases the GIL, so training goes on meanwhile).
@@ -801,6 +811,7 @@ class LearnerComm(threading.Thread):
             return
         if code != CONTINUE:
             self.dismissed.add(actor)
+# --8<-- [end:learner_comm]
 
 
 class RunStopped(Exception):
@@ -811,6 +822,7 @@ class RunStopped(Exception):
         self.code = code
 
 
+# --8<-- [start:watch_actors]
 def watch_actors(comm, processes, args, reported):
     """Count actors lost: a process that exited (local launch) or silence beyond --actor-timeout.
     Prints each loss once; raises RunStopped when the run cannot or should not go on."""
@@ -824,13 +836,13 @@ def watch_actors(comm, processes, args, reported):
     for rank, reason in new.items():
         reported.add(rank)
         print(f"actor {rank} lost: {reason}", flush=True)
+    if comm.error is not None:
+        raise RunStopped(f"communication failed: {str(comm.error).splitlines()[0]}", 1)
     if not comm.live():
-        raise RunStopped(f"no actor left (no data for --actor-timeout {args.actor_timeout:g} s)", 1)
+        raise RunStopped("no actor left", 1)
     if new and (args.stop_on_actor_loss or args.sync):
         why = "--stop-on-actor-loss" if args.stop_on_actor_loss else "--sync needs every actor"
         raise RunStopped(f"actor {', '.join(map(str, new))} lost ({why})", 1)
-    if comm.error is not None:
-        raise RunStopped(f"communication failed: {str(comm.error).splitlines()[0]}", 1)
 
 
 def next_segment(comm, check):
@@ -842,6 +854,7 @@ def next_segment(comm, check):
             return comm.segments.get(timeout=0.1)
         except queue.Empty:
             pass
+# --8<-- [end:watch_actors]
 
 
 def handle_signals(stop_request, processes):
@@ -863,6 +876,7 @@ def handle_signals(stop_request, processes):
 
 # --- Launch -------------------------------------------------------------------------------------
 
+# --8<-- [start:resolve_launch]
 def resolve_launch(args):
     """(rank, world size, started by torchrun?). Fills in args.num_actors."""
     if dist.is_torchelastic_launched():  # torchrun set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -878,6 +892,7 @@ def resolve_launch(args):
     if args.num_actors is None:
         args.num_actors = 1
     return 0, args.num_actors + 1, False
+# --8<-- [end:resolve_launch]
 
 
 def process_group_timeout(args):
@@ -1044,6 +1059,7 @@ def main(args: Args):
         global_step, version = checkpoint["global_step"], checkpoint["iteration"]
         print(f"resumed from {args.resume} at step {global_step} (version {version})")
 
+    # --8<-- [start:launch]
     # Launch: the learner's process group waits for every actor; from here on, point-to-point only.
     stop_request, processes = [], {}
     handle_signals(stop_request, processes)
@@ -1060,6 +1076,7 @@ def main(args: Args):
     comm = LearnerComm(range(1, world_size), layout.size, args.queue_batches * args.num_actors, args.sync,
                        version, weights)
     comm.start()
+    # --8<-- [end:launch]
 
     reported = set()  # lost actors already announced
 
@@ -1085,6 +1102,7 @@ def main(args: Args):
             frac = 1.0 - global_step / budget
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
+        # --8<-- [start:take_batch]
         # The batch: num_actors segments (num_envs x num_steps transitions) from whichever actors
         # sent them first, minus those more than --max-policy-lag versions old. The real lag of a
         # segment: the learner's version now - the version that acted (its time in the queue included).
@@ -1135,6 +1153,7 @@ def main(args: Args):
                                    actions=actions, logprobs=logprobs, rewards=rewards, terminations=terminations,
                                    dones=dones).items()
         }
+        # --8<-- [end:take_batch]
         values, target_logprobs, advantages, returns = estimate_advantages(agent, b, args)
         # Backward lag: how far the learner already is from the behaviour policies, before any step.
         start_ratio = (target_logprobs - b["logprobs"]).exp()
@@ -1207,6 +1226,7 @@ def main(args: Args):
             if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
                 break
 
+        # --8<-- [start:publish]
         # Publish the new version: the weights, and the observation statistics updated with this batch.
         version += 1
         updates += 1
@@ -1215,6 +1235,7 @@ def main(args: Args):
         weights = pack_policy(agent.actor, obs_rms)
         _, policy_rms = unpack_policy(weights, obs_dim)
         comm.publish(version, weights)
+        # --8<-- [end:publish]
 
         y_pred, y_true = values.cpu().numpy().ravel(), returns.cpu().numpy().ravel()
         var_y = np.var(y_true)
