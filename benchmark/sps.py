@@ -15,10 +15,14 @@ at the synchronous scripts' defaults (8 envs x 256 steps, split across the actor
         --scripts vaco_continuous.py "vaco_async.py --num-actors 1" "vaco_async.py --num-actors 2"
 
 For vaco_async.py it also reports the share of time the learner waited for data and the actors
-waited for replies (medians). A script outside the repository can be timed too (an absolute
+waited for replies (medians). Acting and learning overlap only where the cores really run in
+parallel, so each repeat also measures the machine's parallel capacity: the summed rate of 2 bare
+envs stepping at the same time, over the rate of one (2.0 on two free cores; a VM whose two
+vCPUs share one physical core gives about 1). A script outside the repository can be timed too (an absolute
 path), e.g. CleanRL's ppo_continuous_action.py as a same-machine reference: it takes the same flags.
 """
 
+import multiprocessing
 import os
 import re
 import shlex
@@ -74,6 +78,13 @@ def raw_env_rate(env_id, steps, seed=0):
     return rate
 
 
+def parallel_env_rate(env_id, steps, processes=2):
+    """Summed steps per second of `processes` bare envs stepping at the same time, in processes
+    of their own (each measures only its stepping loop, after its imports)."""
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return sum(pool.starmap(raw_env_rate, [(env_id, steps, seed) for seed in range(processes)]))
+
+
 def script_sps(entry, args):
     """(the last `SPS: <n>` a short training run of `entry` prints, and the learner's and actors'
     shares of time spent waiting when it reports them, else None)."""
@@ -89,15 +100,18 @@ def script_sps(entry, args):
 
 
 def main(args: Args):
-    raw, sps, waits = [], {entry: [] for entry in args.scripts}, {entry: [] for entry in args.scripts}
+    raw, capacity = [], []
+    sps, waits = {entry: [] for entry in args.scripts}, {entry: [] for entry in args.scripts}
     for repeat in range(args.repeats):
         raw.append(raw_env_rate(args.env_id, args.raw_steps, seed=repeat))
+        capacity.append(parallel_env_rate(args.env_id, args.raw_steps) / raw[-1])
         for entry in args.scripts:
             rate, waited = script_sps(entry, args)
             sps[entry].append(rate)
             if waited:
                 waits[entry].append(waited)
-        print(f"repeat {repeat + 1}/{args.repeats}: raw {raw[-1]:.0f} steps/s, "
+        print(f"repeat {repeat + 1}/{args.repeats}: raw {raw[-1]:.0f} steps/s (parallel capacity "
+              f"{capacity[-1]:.2f}), "
               + ", ".join(f"{s} {v[-1]} SPS" for s, v in sps.items()), flush=True)
     raw_median = statistics.median(raw)
     first = statistics.median(sps[args.scripts[0]])
@@ -106,6 +120,8 @@ def main(args: Args):
           f"{args.iterations} updates, medians of {args.repeats} {args.extra}")
     print(f"{'':{width}s} {'SPS':>7s} {'/ raw env':>10s} {'/ ' + args.scripts[0]:>{width}s}  waiting: learner, actors")
     print(f"{'raw env (random actions)':{width}s} {raw_median:7.0f} {1.0:10.2f}")
+    print(f"parallel capacity (2 envs at once / 1): median {statistics.median(capacity):.2f}, "
+          f"range {min(capacity):.2f}-{max(capacity):.2f}")
     for entry, values in sps.items():
         median = statistics.median(values)
         waited = ""
