@@ -331,9 +331,11 @@ def test_lost_actors_are_counted_and_the_run_goes_on(launch, tmp_path):
     os.kill(stopped, signal.SIGSTOP)  # silent from now on; the learner kills it when it exits
     run.wait_for(r"actor \d lost: its process exited with code -9", timeout=5)
     run.wait_for(r"actor \d lost: silent for more than --actor-timeout 2 s", timeout=2 + 5)
+    os.kill(stopped, signal.SIGCONT)  # back, it sends a segment: the learner dismisses it
     code, out, err = run.finish(timeout=90)
     assert code == 0, out + err
     assert "step 1920/1920 (100%)" in out
+    assert re.search(r"actor \d: the learner had counted this actor lost and dismissed it", err)
     _, scalars = run_scalars(tmp_path)
     alive = scalars["charts/actors_alive"]
     assert alive[-1] == 1 and alive.count(1) > 1  # it carried on with the last actor
