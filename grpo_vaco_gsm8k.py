@@ -104,9 +104,9 @@ class Args:
     """`clip`: the surrogate clipping coefficient ε (the ratio is clipped to [1 - ε, 1 + ε_high])"""
     epsilon_high: Optional[float] = None
     """`clip`: the upper clipping coefficient ε_high (clip-higher; DAPO uses 0.28); default: `--clip-coef`"""
-    tv_threshold: float = 0.001
-    """`vaco`: δ, the total variation above which tokens are filtered. Not from the paper: measured so that
-    the filter is active from minibatch 1 at lr 1e-6, N = 4-8 (docs: calibrate it from `lag/tv_minibatch_k`)"""
+    tv_threshold: float = 0.0005
+    """`vaco`: δ, the total variation above which tokens are filtered. Not from the paper: below the TV
+    measured from minibatch 1 on at lr 1e-6 (docs: calibrate it from the `lag/tv_minibatch_k` curves)"""
     beta: float = 0.0
     """coefficient of the k3 KL penalty to the initial model (0 = off; no reference model is kept)"""
     answer_extraction: Literal["strict", "flexible"] = "strict"
