@@ -4,7 +4,7 @@
 #
 # One training step:
 #   1. sample `num_prompts` problems and G = `group_size` completions for each, with the current
-#      policy π_θ0 (the behaviour policy μ), at temperature T;
+#      policy π_θ0, the behaviour policy μ, at temperature T;
 #   2. score each completion with a verifiable 0/1 reward and turn rewards into group-relative
 #      advantages (GRPO);
 #   3. record μ's per-token log-probs (same temperature, same code path as training);
@@ -28,6 +28,7 @@ from typing import Callable, Literal, Optional
 import numpy as np
 import torch
 import tyro
+from torch.utils.checkpoint import checkpoint
 from torch.utils.tensorboard import SummaryWriter
 
 
@@ -51,6 +52,8 @@ class Args:
     """whether to save the trained model and tokenizer (with `save_pretrained`) at the end"""
     save_path: Optional[str] = None
     """where `--save-model` writes; default `runs/<run_name>/model`. Must not exist yet"""
+    save_every: int = 0
+    """also save the model and tokenizer every this many steps to `runs/<run_name>/checkpoint-<step>` (0 = never)"""
     num_threads: int = 0
     """CPU threads for torch (0 = torch's default)"""
 
@@ -63,7 +66,7 @@ class Args:
     """the configuration of the hub dataset"""
     dataset_path: Optional[str] = None
     """a local JSONL file with `question`/`answer` fields in GSM8k's format (answer ends with `#### N`);
-    `eval_size` problems are held out from it for evaluation"""
+    `eval_size` problems are held out from it as the test split"""
     instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
     """appended to each question in the user message of the chat template"""
 
@@ -90,16 +93,27 @@ class Args:
     """sampling temperature; the log-probs of the loss use the same temperature"""
     max_new_tokens: int = 512
     """maximum completion length in tokens"""
-    clip_coef: float = 0.2
-    """`clip`: the surrogate clipping coefficient ε"""
-    tv_threshold: float = 0.05
-    """`vaco`: δ, the total-variation level above which tokens are filtered (not from the paper: tune it)"""
-    beta: float = 0.0
-    """coefficient of the k3 KL penalty to the initial model (0 = off; no reference model is kept)"""
-    format_reward: float = 0.0
-    """extra reward for a completion that contains a \\boxed{} answer (0 = off)"""
+    mask_truncated_completions: bool = False
+    """if toggled, completions that hit `--max-new-tokens` without an end token get no gradient
+    (they still count in their group's advantages)"""
+    scale_rewards: Literal["group", "none"] = "group"
+    """`group`: A = (r - group mean) / (group std + ε) (GRPO); `none`: A = r - group mean (Dr. GRPO)"""
     adv_eps: float = 1e-4
     """ε in the group advantage (r - mean) / (std + ε)"""
+    clip_coef: float = 0.2
+    """`clip`: the surrogate clipping coefficient ε (the ratio is clipped to [1 - ε, 1 + ε_high])"""
+    epsilon_high: Optional[float] = None
+    """`clip`: the upper clipping coefficient ε_high (clip-higher; DAPO uses 0.28); default: `--clip-coef`"""
+    tv_threshold: float = 0.0005
+    """`vaco`: δ, the total variation above which tokens are filtered. Not from the paper: below the TV
+    measured from minibatch 1 on at lr 1e-6 (docs: calibrate it from the `lag/tv_minibatch_k` curves)"""
+    beta: float = 0.0
+    """coefficient of the k3 KL penalty to the initial model (0 = off; no reference model is kept)"""
+    answer_extraction: Literal["strict", "flexible"] = "strict"
+    """`strict`: only a marked final answer counts (the last complete \\boxed{}, else a `#### N` line);
+    `flexible`: that, else the last number in the completion"""
+    format_reward: float = 0.0
+    """extra reward for a completion that contains a \\boxed{} answer (0 = off)"""
     gradient_checkpointing: bool = True
     """recompute activations in the backward pass to save memory (slower; matters on GPU for 0.5B models)"""
 
@@ -107,9 +121,13 @@ class Args:
     eval_every: int = 20
     """evaluate every this many steps (0 = only before and after training)"""
     eval_size: int = 200
-    """number of held-out test problems for greedy accuracy (0 = no evaluation)"""
+    """number of test problems for the periodic greedy evaluation (0 = none)"""
+    final_eval: bool = True
+    """after training, also evaluate on the whole test split (GSM8k: 1,319 problems), if larger than `eval_size`"""
     eval_batch_size: int = 64
     """prompts per greedy generation call during evaluation"""
+    num_logged_samples: int = 4
+    """completions (with their reward) logged as TensorBoard text at each evaluation"""
 
 
 class UsageError(Exception):
@@ -117,135 +135,68 @@ class UsageError(Exception):
 
 
 # ----------------------------------------------------------------------------------------------
-# Answers and rewards
-# ----------------------------------------------------------------------------------------------
-NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
-
-
-def _last_boxed(text: str) -> Optional[str]:
-    """Content of the last complete \\boxed{...} (nested braces allowed), else None."""
-    result = None
-    start = text.find("\\boxed{")
-    while start != -1:
-        i, depth = start + len("\\boxed{"), 1
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:  # an unclosed \boxed{ (a truncated completion) does not count
-            result = text[start + len("\\boxed{") : i - 1]
-        start = text.find("\\boxed{", start + 1)
-    return result
-
-
-def _clean(answer: str) -> str:
-    """Strip what is not part of a number's value: spaces, $, commas, a trailing full stop, \\text{}."""
-    answer = re.sub(r"\\text\{([^{}]*)\}", r"\1", answer)
-    for junk in ("\\$", "$", "\\!", "\\,", ",", "\\%", "%"):
-        answer = answer.replace(junk, "")
-    answer = answer.strip().rstrip(".").strip()
-    if NUMBER_RE.fullmatch(answer):
-        return answer
-    numbers = NUMBER_RE.findall(answer)
-    # "18 dollars" -> "18"; anything with several numbers ("\frac{1}{2}") stays as text
-    return numbers[0].replace(",", "").rstrip(".") if len(numbers) == 1 else answer
-
-
-def extract_answer(text: str) -> Optional[str]:
-    """The final answer of a completion: the last \\boxed{...}, else a `#### N` line, else the last
-    number. Commas, `$` and a trailing `.` are stripped. None when there is no answer at all."""
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return _clean(boxed)
-    hashes = re.findall(r"####\s*([^\n]+)", text)
-    if hashes:
-        return _clean(hashes[-1])
-    numbers = NUMBER_RE.findall(text)
-    if numbers:
-        return _clean(numbers[-1])
-    return None
-
-
-def answers_equal(predicted: Optional[str], gold: Optional[str]) -> bool:
-    """Numeric equality when both parse as numbers ("18.50" == "18.5"), else exact text equality."""
-    if predicted is None or gold is None:
-        return False
-    try:
-        p, g = float(predicted), float(gold)
-        return math.isfinite(p) and abs(p - g) <= 1e-6 * max(1.0, abs(g))
-    except ValueError:
-        return predicted.strip() == gold.strip()
-
-
-def gsm8k_reward(completion: str, gold_answer: str, format_reward: float = 0.0) -> float:
-    """1 if the completion's final answer equals the gold answer numerically, else 0; plus
-    `format_reward` when the completion puts an answer in \\boxed{}. `gold_answer` may be a bare
-    number or a GSM8k answer text ending in `#### N`. Malformed completions simply score 0."""
-    correct = answers_equal(extract_answer(completion), extract_answer(gold_answer))
-    boxed = format_reward if _last_boxed(completion) is not None else 0.0
-    return float(correct) + boxed
-
-
-# ----------------------------------------------------------------------------------------------
 # GRPO advantages and the two policy losses
 # ----------------------------------------------------------------------------------------------
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
-    """GRPO: A_i = (r_i - mean(r_group)) / (std(r_group) + ε) for consecutive groups of `group_size`.
+# --8<-- [start:group_advantages]
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group", eps: float = 1e-4):
+    """GRPO's advantages for consecutive groups of `group_size` completions of the same prompt:
+        A_i = (r_i - mean_group(r)) / (std_group(r) + ε)   `group` (DeepSeekMath, TRL's default)
+        A_i =  r_i - mean_group(r)                         `none`  (Dr. GRPO)
     A group whose rewards are all equal carries no signal and gets A = 0 (never NaN)."""
     grouped = rewards.view(-1, group_size).float()
-    mean = grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True)  # Bessel-corrected, as in DeepSeekMath/TRL; 0 when all equal
-    return ((grouped - mean) / (std + eps)).view(-1)
+    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards == "group":
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + eps)  # Bessel-corrected, as in TRL
+    return advantages.view(-1)
+# --8<-- [end:group_advantages]
 
 
-def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Sequence-level advantages [B] broadcast to every token [B, T] (GRPO's outcome supervision)."""
-    return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
-
-
-def _ratio_inputs(newlogprobs, behavior_logprobs, advantages, mask, num_tokens):
-    """ρ_t = π_θ(y_t|·) / μ(y_t|·) on valid tokens and 1 on padding (whatever sits there, so an
-    overflowing exp can never turn 0·inf into NaN), per-token advantages, float mask, denominator."""
+# --8<-- [start:clip_loss]
+def clip_token_loss(newlogprobs, mu_logprobs, advantages, mask, clip_coef, epsilon_high=None, num_tokens=None):
+    """GRPO's PPO-clip surrogate, token mean over the valid tokens (mask = 1):
+        ℓ_t = -min(ρ_t A, clip(ρ_t, 1 - ε, 1 + ε_high) A),   ρ_t = π_θ(y_t|·) / μ(y_t|·)
+    Returns (loss, clipped): `clipped` marks the tokens whose gradient the clip sets to zero,
+    A > 0 with ρ > 1 + ε_high and A < 0 with ρ < 1 - ε.
+    `num_tokens` is the denominator: the whole minibatch's valid tokens when this is one micro-batch of it."""
     valid = mask.bool()
-    ratio = torch.exp(torch.where(valid, newlogprobs - behavior_logprobs, torch.zeros_like(newlogprobs)))
-    num_tokens = valid.sum().clamp(min=1) if num_tokens is None else num_tokens
-    return ratio, _per_token(advantages, newlogprobs), mask.float(), num_tokens
+    # ρ = 1 on padding, whatever the forward pass left there (an overflowing exp cannot reach the loss)
+    ratio = torch.exp(torch.where(valid, newlogprobs - mu_logprobs, 0.0))
+    adv = advantages[:, None]  # one advantage per completion, shared by all of its tokens
+    eps_high = clip_coef if epsilon_high is None else epsilon_high
+    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_coef, 1 + eps_high) * adv)
+    loss = -(surrogate * mask).sum() / (valid.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    clipped = valid & (((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - clip_coef)))
+    return loss, clipped.detach()
+# --8<-- [end:clip_loss]
 
 
-def clip_token_loss(newlogprobs, behavior_logprobs, advantages, mask, clip_coef, num_tokens=None):
-    """GRPO's PPO-clip surrogate, token-mean over valid tokens. Returns (loss, clip_fraction).
-    `num_tokens` is the denominator (the minibatch's valid tokens when micro-batching)."""
-    ratio, adv, mask, num_tokens = _ratio_inputs(newlogprobs, behavior_logprobs, advantages, mask, num_tokens)
-    # L = -min(ρ A, clip(ρ, 1-ε, 1+ε) A)
-    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * adv)
-    loss = -(surrogate * mask).sum() / num_tokens
-    clipped = ((ratio - 1).abs() > clip_coef).float()
-    clip_fraction = (clipped * mask).sum() / mask.sum().clamp(min=1)
-    return loss, clip_fraction.detach()
-
-
-def vaco_token_loss(newlogprobs, behavior_logprobs, advantages, mask, tv_threshold, num_tokens=None, tv=None):
-    """VACO's filtered surrogate, token-mean over valid tokens. Returns (loss, tv, filtered_fraction).
-
-    tv = ½ · mean over valid tokens of |ρ - 1|, a sample estimate of TV(μ, π_θ) (no gradient).
-    If tv > δ, a token is filtered when A·sign(ρ - 1) > 0: its update would push π further from μ.
-    A filtered token contributes sg(ρA): no gradient, but it stays in the denominator.
-    No ratio clipping. `num_tokens` and `tv` may be given for the whole minibatch when micro-batching,
-    so that the gradient equals the one-batch gradient."""
-    ratio, adv, mask, num_tokens = _ratio_inputs(newlogprobs, behavior_logprobs, advantages, mask, num_tokens)
+# --8<-- [start:vaco_loss]
+def vaco_token_loss(newlogprobs, mu_logprobs, advantages, mask, tv_threshold, num_tokens=None, tv=None):
+    """VACO's filtered surrogate, token mean over the valid tokens. Returns (loss, tv, filtered).
+        tv = ½ Σ_t m_t |ρ_t - 1| / Σ_t m_t                a sample estimate of TV(μ, π_θ), no gradient
+        filtered_t = [tv > δ] · [A · sign(ρ_t - 1) > 0]    the update would move π further from μ
+        ℓ_t = -sg(ρ_t A) if filtered_t else -ρ_t A         sg = stop-gradient; no ratio clipping
+    A filtered token has no gradient but stays in the denominator. When this call sees one micro-batch
+    of a minibatch, pass the minibatch's `num_tokens` and `tv`: the switch belongs to the whole minibatch."""
+    valid = mask.bool()
+    ratio = torch.exp(torch.where(valid, newlogprobs - mu_logprobs, 0.0))  # 1 on padding
+    adv = advantages[:, None]
     if tv is None:
-        tv = 0.5 * ((ratio.detach() - 1).abs() * mask).sum() / mask.sum().clamp(min=1)
-    tv = torch.as_tensor(tv, dtype=ratio.dtype, device=ratio.device)
-    filtered = (adv * torch.sign(ratio.detach() - 1) > 0) & (mask > 0) & (tv > tv_threshold)
+        tv = 0.5 * (ratio.detach() - 1).abs().sum() / valid.sum().clamp(min=1)
+    filtered = valid & (adv * torch.sign(ratio.detach() - 1) > 0) & (tv > tv_threshold)
     surrogate = torch.where(filtered, (ratio * adv).detach(), ratio * adv)
-    loss = -(surrogate * mask).sum() / num_tokens
-    filtered_fraction = filtered.float().sum() / mask.sum().clamp(min=1)
-    return loss, tv.detach(), filtered_fraction.detach()
+    loss = -(surrogate * mask).sum() / (valid.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    return loss, torch.as_tensor(tv).detach(), filtered
+# --8<-- [end:vaco_loss]
 
 
+# --8<-- [start:kl]
 def k3_kl(newlogprobs, ref_logprobs):
-    """Per-token k3 estimate of KL(π_θ || π_ref): exp(ref - new) - (ref - new) - 1 ≥ 0."""
-    diff = ref_logprobs - newlogprobs
-    return torch.exp(diff) - diff - 1
+    """Per-token k3 estimate of KL(π_θ ‖ π_ref), as in DeepSeekMath's GRPO and TRL:
+        k3 = π_ref/π_θ - log(π_ref/π_θ) - 1 ≥ 0,   and E_{y~π_θ}[k3] = KL(π_θ ‖ π_ref)."""
+    log_ratio = ref_logprobs - newlogprobs
+    return torch.exp(log_ratio) - log_ratio - 1
+# --8<-- [end:kl]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,30 +240,47 @@ def sample_completions(model, tokenizer, prompts, max_new_tokens, temperature, d
     return sequences, attention_mask, completion_mask
 
 
+def decode_completions(tokenizer, input_ids, completion_mask) -> list:
+    """The text of each completion (its tokens up to the first end token)."""
+    C = completion_mask.shape[1]
+    ids = input_ids[:, -C:] * completion_mask + tokenizer.pad_token_id * (1 - completion_mask)
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+def _sequence_logprobs(logits, targets, temperature):
+    """One sequence's [C, vocab] logits z: log π_T(y_t) = z_{y_t}/T - logsumexp(z/T), and the logsumexp."""
+    z = logits.float() / temperature
+    logsumexp = torch.logsumexp(z, dim=-1)
+    return z.gather(-1, targets[:, None]).squeeze(-1) - logsumexp, logsumexp
+
+
 def completion_logprobs(model, input_ids, attention_mask, completion_len, temperature, with_entropy=False):
-    """log π(y_t | x, y_<t) at temperature T for the last `completion_len` tokens of each row:
-        log π_T(y_t) = z_{y_t}/T - logsumexp(z/T)
-    and optionally the entropy of π_T at each of those positions (no gradient; for logging)."""
+    """log π_T(y_t | x, y_<t) for the last `completion_len` tokens of each row, and optionally the
+    entropy of π_T at those positions (no gradient; for logging):
+        H = logsumexp(z/T) - Σ_v π_T(v) z_v/T,   from the logsumexp the log-probs already need.
+    The [rows, C, vocab] logits are the largest tensors of a step. They are kept in the model's dtype
+    and taken to fp32 one sequence at a time; with gradients on, each sequence's fp32 work is
+    recomputed in the backward pass (a checkpoint) rather than stored."""
     # positions count real tokens only, as generate does for left-padded prompts
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     # only the logits that predict completion tokens are needed: logits at t predict token t+1
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         logits_to_keep=completion_len + 1, use_cache=False,
-    ).logits[:, :-1].float() / temperature
+    ).logits[:, :-1]
     targets = input_ids[:, -completion_len:]
-    # gather minus logsumexp avoids materialising a full [B, C, vocab] log-softmax tensor
-    logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            z = logits.detach()
-            entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
-    return logprobs, entropy
-
-
-def _chunks(indices: torch.Tensor, size: int):
-    return [indices[i : i + size] for i in range(0, len(indices), size)]
+    logprobs, entropy = [], []
+    for z, y in zip(logits, targets):
+        if torch.is_grad_enabled():
+            lp, logsumexp = checkpoint(_sequence_logprobs, z, y, temperature, use_reentrant=False)
+        else:
+            lp, logsumexp = _sequence_logprobs(z, y, temperature)
+        logprobs.append(lp)
+        if with_entropy:
+            with torch.no_grad():
+                zt, lse = z.float() / temperature, logsumexp.detach()
+                entropy.append(lse - (zt - lse[:, None]).exp_().mul_(zt).sum(-1))  # in place: one [C, vocab] temporary
+    return torch.stack(logprobs), (torch.stack(entropy) if with_entropy else None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,111 +288,220 @@ def _chunks(indices: torch.Tensor, size: int):
 # ----------------------------------------------------------------------------------------------
 def grpo_step(model, optimizer, tokenizer, prompts, golds, reward_fn: Callable[[str, str], float], args: Args,
               eos_ids, autocast=nullcontext(), ref_model=None, generator=None):
-    """Runs one training step on `prompts` (each repeated `group_size` times) and returns statistics."""
-    G, N = args.group_size, args.num_minibatches
-    stats = {}
+    """Runs one training step on `prompts` (each sampled `group_size` times). Returns the completions,
+    their rewards, and one dict of statistics per minibatch (`minibatch_stats`)."""
+    G, N, T = args.group_size, args.num_minibatches, args.temperature
 
-    # 1. Sample G completions per prompt with the current policy μ = π_θ0
+    # 1. Sample G completions per prompt with the current policy: the behaviour policy μ = π_θ0
     t0 = time.time()
     group_prompts = [p for p in prompts for _ in range(G)]  # prompt-major: groups are consecutive rows
     input_ids, attention_mask, mask = sample_completions(
-        model, tokenizer, group_prompts, args.max_new_tokens, args.temperature, True, eos_ids, autocast
+        model, tokenizer, group_prompts, args.max_new_tokens, T, True, eos_ids, autocast
     )
     C = mask.shape[1]
-    texts = tokenizer.batch_decode(input_ids[:, -C:] * mask + tokenizer.pad_token_id * (1 - mask), skip_special_tokens=True)
-    stats["gen_time"] = time.time() - t0
-    stats["gen_tokens"] = int(mask.sum())
-    stats["completions"] = texts
+    texts = decode_completions(tokenizer, input_ids, mask)
+    truncated = ~torch.isin(input_ids[:, -C:], eos_ids).any(dim=1)  # hit --max-new-tokens without an end token
+    gen_time = time.time() - t0
 
     # 2. Verifiable rewards and group-relative advantages
     rewards = torch.tensor([reward_fn(text, gold) for text, gold in zip(texts, (g for g in golds for _ in range(G)))])
-    advantages = group_advantages(rewards, G, args.adv_eps).to(model.device)
-    stats["reward_mean"] = rewards.mean().item()
-    stats["reward_std"] = rewards.std().item()
-    stats["zero_std_group_fraction"] = (rewards.view(-1, G).std(dim=1) == 0).float().mean().item()
-    stats["completion_length"] = mask.sum(dim=1).float().mean().item()
-    stats["truncated_fraction"] = (~torch.isin(input_ids[:, -C:], eos_ids).any(dim=1)).float().mean().item()
+    advantages = group_advantages(rewards, G, args.scale_rewards, args.adv_eps).to(model.device)
+    # the tokens that get a gradient: all completion tokens, or none of a cut-off completion's
+    loss_mask = mask * ~truncated[:, None] if args.mask_truncated_completions else mask
 
-    # 3. Split into N minibatches (random, so each minibatch mixes groups), and micro-batches
-    t0 = time.time()
-    B = len(group_prompts)
-    perm = torch.randperm(B, generator=generator).to(model.device)
-    minibatches = perm.view(N, B // N)
-    mbs = args.micro_batch_size or B // N
+    # 3. Split into N minibatches (random, so each minibatch mixes groups), and micro-batches.
     # μ's log-probs, computed with θ0 by the same function, on the same micro-batches as training,
     # so that at zero lag (minibatch 0) ρ = 1 exactly, and every ρ ≠ 1 later is forward lag.
-    behavior_logprobs = torch.zeros(B, C, device=model.device)
+    t0 = time.time()
+    B = len(group_prompts)
+    minibatches = torch.randperm(B, generator=generator).to(model.device).view(N, B // N)
+    mbs = args.micro_batch_size or B // N
+    mu_logprobs = torch.zeros(B, C, device=model.device)
     ref_logprobs = torch.zeros(B, C, device=model.device) if ref_model is not None else None
     with torch.no_grad(), autocast:
         for idx in minibatches:
-            for micro in _chunks(idx, mbs):
-                behavior_logprobs[micro] = completion_logprobs(model, input_ids[micro], attention_mask[micro], C, args.temperature)[0]
+            for micro in idx.split(mbs):
+                mu_logprobs[micro] = completion_logprobs(model, input_ids[micro], attention_mask[micro], C, T)[0]
                 if ref_model is not None:
-                    ref_logprobs[micro] = completion_logprobs(ref_model, input_ids[micro], attention_mask[micro], C, args.temperature)[0]
+                    ref_logprobs[micro] = completion_logprobs(ref_model, input_ids[micro], attention_mask[micro], C, T)[0]
 
-    # 4. One optimiser step per minibatch: minibatch k sees π_θk, k steps newer than μ
-    model.train()
-    per_mb = {key: [] for key in ("loss", "tv", "filtered_fraction", "clip_fraction", "ratio_mean", "ratio_min",
-                                  "ratio_max", "entropy", "kl", "grad_norm")}
+    # 4. One optimiser step per minibatch: minibatch k is trained by π_θk, k steps newer than μ
+    model.train()  # for gradient checkpointing; dropout was switched off at load (`disable_dropout`)
+    per_minibatch = []
     for idx in minibatches:
-        micros = _chunks(idx, mbs)
-        num_tokens = mask[idx].sum().clamp(min=1)  # token-mean over the whole minibatch
-        tv_minibatch = None
-        if args.loss == "vaco" and len(micros) > 1:
-            # the filter's switch (tv > δ) is a property of the whole minibatch: measure it first
+        micros = idx.split(mbs)
+        num_tokens = loss_mask[idx].sum().clamp(min=1)  # token mean over the whole minibatch
+        tv = None  # VACO's switch (tv > δ) belongs to the whole minibatch, measured before its update
+        if args.loss == "vaco" and len(micros) > 1:  # with one micro-batch, vaco_token_loss measures it
             with torch.no_grad(), autocast:
                 abs_dev = 0.0
                 for m in micros:
-                    newlogprobs = completion_logprobs(model, input_ids[m], attention_mask[m], C, args.temperature)[0]
-                    ratio = _ratio_inputs(newlogprobs, behavior_logprobs[m], advantages[m], mask[m], None)[0]
-                    abs_dev = abs_dev + ((ratio - 1).abs() * mask[m]).sum()
-            tv_minibatch = 0.5 * abs_dev / num_tokens
+                    newlogprobs = completion_logprobs(model, input_ids[m], attention_mask[m], C, T)[0]
+                    abs_dev += (torch.exp(torch.where(loss_mask[m].bool(), newlogprobs - mu_logprobs[m], 0.0)) - 1).abs().sum()
+            tv = 0.5 * abs_dev / num_tokens
         optimizer.zero_grad(set_to_none=True)
-        acc = {key: 0.0 for key in per_mb}
-        acc["ratio_min"], acc["ratio_max"] = float("inf"), float("-inf")
+        sums = {}
         for micro in micros:
-            m_mask = mask[micro]
             with autocast:
                 newlogprobs, entropy = completion_logprobs(
-                    model, input_ids[micro], attention_mask[micro], C, args.temperature, with_entropy=True
+                    model, input_ids[micro], attention_mask[micro], C, T, with_entropy=True
                 )
-            beh = behavior_logprobs[micro]
+            mu, adv, m_mask = mu_logprobs[micro], advantages[micro], loss_mask[micro]
             if args.loss == "vaco":
-                loss, tv, filtered = vaco_token_loss(
-                    newlogprobs, beh, advantages[micro], m_mask, args.tv_threshold, num_tokens, tv_minibatch
-                )
-                _, clip_fraction = clip_token_loss(newlogprobs.detach(), beh, advantages[micro], m_mask, args.clip_coef)
+                loss, tv, _ = vaco_token_loss(newlogprobs, mu, adv, m_mask, args.tv_threshold, num_tokens, tv)
             else:
-                loss, clip_fraction = clip_token_loss(newlogprobs, beh, advantages[micro], m_mask, args.clip_coef, num_tokens)
-                _, tv, filtered = vaco_token_loss(newlogprobs.detach(), beh, advantages[micro], m_mask, args.tv_threshold)
+                loss, _ = clip_token_loss(newlogprobs, mu, adv, m_mask, args.clip_coef, args.epsilon_high, num_tokens)
+            kl = None
             if ref_model is not None:
                 # padding gets ref = new: k3 = 0 there, and no overflow from whatever sits in it
                 ref = torch.where(m_mask.bool(), ref_logprobs[micro], newlogprobs.detach())
                 kl = (k3_kl(newlogprobs, ref) * m_mask).sum() / num_tokens
                 loss = loss + args.beta * kl
-                acc["kl"] += kl.item()
             loss.backward()  # gradients accumulate over micro-batches; the sum is the minibatch gradient
-            # statistics, weighted by this micro-batch's share of the minibatch's valid tokens
-            share = (m_mask.sum() / num_tokens).item()
-            ratio = torch.exp(newlogprobs.detach() - beh)[m_mask.bool()]
-            acc["loss"] += loss.item()
-            acc["filtered_fraction"] += filtered.item() * share
-            acc["clip_fraction"] += clip_fraction.item() * share
-            acc["entropy"] += ((entropy * m_mask).sum() / num_tokens).item()
-            acc["ratio_mean"] += (ratio.sum() / num_tokens).item()
-            if ratio.numel():
-                acc["ratio_min"] = min(acc["ratio_min"], ratio.min().item())
-                acc["ratio_max"] = max(acc["ratio_max"], ratio.max().item())
-            acc["tv"] += tv.item() * share  # token-weighted mean of micro-batch TVs = the minibatch TV
-        acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm).item()
+            add_token_sums(sums, newlogprobs.detach(), mu, adv, m_mask, entropy, loss, kl, args)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
-        for key in per_mb:
-            per_mb[key].append(acc[key])
-    stats["train_time"] = time.time() - t0
-    stats["train_tokens"] = int(attention_mask.sum())
-    stats["per_minibatch"] = per_mb
-    stats["rewards"] = rewards
-    return stats
+        per_minibatch.append(minibatch_stats(sums, grad_norm, args, tv))
+
+    return {"completions": texts, "rewards": rewards, "completion_mask": mask, "truncated": truncated,
+            "per_minibatch": per_minibatch, "gen_time": gen_time, "train_time": time.time() - t0,
+            "train_tokens": int(attention_mask.sum())}
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics for logging (no part of the algorithm)
+# ----------------------------------------------------------------------------------------------
+def add_token_sums(sums: dict, newlogprobs, mu_logprobs, advantages, mask, entropy, loss, kl, args: Args):
+    """Adds one micro-batch's sums over its valid tokens to `sums`. Both losses' token masks are
+    counted under either loss, so that `clip` and `vaco` runs can be compared like for like."""
+    valid = mask.bool()
+    ratio = torch.exp(torch.where(valid, newlogprobs - mu_logprobs, 0.0))
+    _, clipped = clip_token_loss(newlogprobs, mu_logprobs, advantages, mask, args.clip_coef, args.epsilon_high)
+    _, _, away = vaco_token_loss(newlogprobs, mu_logprobs, advantages, mask, tv_threshold=-1.0)  # switch on
+    adv = advantages[:, None].expand_as(ratio)
+    new = {"tokens": valid.sum(), "abs_dev": (ratio - 1).abs().sum(), "away": away.sum(),
+           "clip_low": (clipped & (adv < 0)).sum(), "clip_high": (clipped & (adv > 0)).sum(),
+           "ratio": ratio[valid].sum(), "entropy": entropy[valid].sum(), "loss": loss.detach(),
+           "kl": 0.0 if kl is None else kl.detach()}
+    for key, value in new.items():
+        sums[key] = sums.get(key, 0.0) + float(value)
+    if valid.any():
+        sums["ratio_min"] = min(sums.get("ratio_min", math.inf), ratio[valid].min().item())
+        sums["ratio_max"] = max(sums.get("ratio_max", -math.inf), ratio[valid].max().item())
+
+
+def minibatch_stats(sums: dict, grad_norm, args: Args, switch_tv=None) -> dict:
+    """Token means over one minibatch. `tv` is the TV VACO's switch used (`switch_tv`), or the same
+    estimate from the training passes under `clip`; `filter_on` is 1 when tv > δ, and
+    `filtered_fraction` the tokens VACO filters then (under `clip`: would filter)."""
+    n = max(sums["tokens"], 1.0)
+    tv = float(switch_tv) if switch_tv is not None else 0.5 * sums["abs_dev"] / n
+    filter_on = tv > args.tv_threshold
+    return {"loss": sums["loss"], "kl": sums["kl"], "tv": tv, "filter_on": float(filter_on),
+            "filtered_fraction": sums["away"] / n if filter_on else 0.0,
+            "clip_fraction": (sums["clip_low"] + sums["clip_high"]) / n,
+            "clip_fraction_low": sums["clip_low"] / n, "clip_fraction_high": sums["clip_high"] / n,
+            "ratio_mean": sums["ratio"] / n, "ratio_min": sums.get("ratio_min", math.nan),
+            "ratio_max": sums.get("ratio_max", math.nan), "entropy": sums["entropy"] / n,
+            "grad_norm": float(grad_norm)}
+
+
+def log_step(writer, step: int, stats: dict, train_accuracy: float, args: Args) -> dict:
+    """Writes one step's metrics to TensorBoard; returns the few the console line shows."""
+    rewards, mask, mb = stats["rewards"], stats["completion_mask"], stats["per_minibatch"]
+    mean = lambda key: float(np.mean([m[key] for m in mb]))  # noqa: E731  (mean over the N minibatches)
+    scalars = {
+        "charts/reward_mean": rewards.mean().item(), "charts/reward_std": rewards.std().item(),
+        "charts/train_accuracy": train_accuracy,
+        "charts/completion_length": mask.sum(dim=1).float().mean().item(),
+        "charts/truncated_fraction": stats["truncated"].float().mean().item(),
+        "charts/zero_std_group_fraction": (rewards.view(-1, args.group_size).std(dim=1) == 0).float().mean().item(),
+        "losses/ratio_min": min(m["ratio_min"] for m in mb), "losses/ratio_max": max(m["ratio_max"] for m in mb),
+        "losses/filter_on_fraction": mean("filter_on"),
+        "perf/gen_tokens_per_s": mask.sum().item() / stats["gen_time"],
+        "perf/train_tokens_per_s": stats["train_tokens"] / stats["train_time"],
+    }
+    for key in ("loss", "tv", "filtered_fraction", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
+                "ratio_mean", "entropy", "grad_norm") + (("kl",) if args.beta > 0 else ()):
+        scalars[f"losses/{key}"] = mean(key)
+    for k, m in enumerate(mb):  # how the lag grows with the minibatch index k, and when the filter acts
+        for key in ("tv", "filter_on", "filtered_fraction", "clip_fraction"):
+            scalars[f"lag/{key}_minibatch_{k}"] = m[key]
+    for tag, value in scalars.items():
+        writer.add_scalar(tag, value, step)
+    return scalars
+
+
+# ----------------------------------------------------------------------------------------------
+# Answers and rewards
+# ----------------------------------------------------------------------------------------------
+NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    """Content of the last complete \\boxed{...} (nested braces allowed), else None."""
+    result = None
+    start = text.find("\\boxed{")
+    while start != -1:
+        i, depth = start + len("\\boxed{"), 1
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:  # an unclosed \boxed{ (a cut-off completion) is no final answer
+            result = text[start + len("\\boxed{") : i - 1]
+        start = text.find("\\boxed{", start + 1)
+    return result
+
+
+def _clean(answer: str) -> str:
+    """Strip what is not part of a number's value: spaces, $, commas, a trailing full stop, \\text{}."""
+    answer = re.sub(r"\\text\{([^{}]*)\}", r"\1", answer)
+    for junk in ("\\$", "$", "\\!", "\\,", ",", "\\%", "%"):
+        answer = answer.replace(junk, "")
+    answer = answer.strip().rstrip(".").strip()
+    if NUMBER_RE.fullmatch(answer):
+        return answer
+    numbers = NUMBER_RE.findall(answer)
+    # "18 dollars" -> "18"; anything with several numbers ("\frac{1}{2}") stays as text
+    return numbers[0].replace(",", "").rstrip(".") if len(numbers) == 1 else answer
+
+
+def extract_answer(text: str, mode: str = "strict") -> Optional[str]:
+    """The final answer of a completion. `strict`: the last complete \\boxed{...}, else the last
+    `#### N` line, else None. `flexible`: the same, else the last number in the text.
+    Commas, `$` and a trailing `.` are stripped; the Unicode minus (−7) counts as a minus sign."""
+    text = text.replace("\u2212", "-")
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return _clean(boxed)
+    hashes = re.findall(r"####\s*([^\n]+)", text)
+    if hashes:
+        return _clean(hashes[-1])
+    numbers = NUMBER_RE.findall(text)
+    if mode == "flexible" and numbers:
+        return _clean(numbers[-1])
+    return None
+
+
+def answers_equal(predicted: Optional[str], gold: Optional[str]) -> bool:
+    """Numeric equality when both parse as numbers ("18.50" == "18.5"), else exact text equality."""
+    if predicted is None or gold is None:
+        return False
+    try:
+        p, g = float(predicted), float(gold)
+        return math.isfinite(p) and abs(p - g) <= 1e-6 * max(1.0, abs(g))
+    except ValueError:
+        return predicted.strip() == gold.strip()
+
+
+def gsm8k_reward(completion: str, gold_answer: str, mode: str = "strict", format_reward: float = 0.0) -> float:
+    """1 if the completion's final answer (`extract_answer(completion, mode)`) equals the gold answer
+    numerically, else 0; plus `format_reward` when the completion puts an answer in \\boxed{}.
+    `gold_answer` may be a bare number or a GSM8k answer text ending in `#### N`. Malformed
+    completions simply score 0."""
+    correct = answers_equal(extract_answer(completion, mode), extract_answer(gold_answer, "flexible"))
+    boxed = format_reward if _last_boxed(completion) is not None else 0.0
+    return float(correct) + boxed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -433,11 +510,12 @@ def grpo_step(model, optimizer, tokenizer, prompts, golds, reward_fn: Callable[[
 def gold_from_answer(answer: str) -> Optional[str]:
     """The gold number of a GSM8k answer text: what follows the last `####`."""
     found = re.findall(r"####\s*([^\n]+)", answer)
-    return _clean(found[-1]) if found else None
+    return _clean(found[-1].replace("\u2212", "-")) if found else None
 
 
 def load_problems(args: Args):
-    """Returns (train, test): lists of (question, gold) pairs; test holds `eval_size` problems."""
+    """Returns (train, test): lists of (question, gold) pairs. `test` is the whole test split (hub)
+    or the `eval_size` problems held out from `--dataset-path`."""
     if args.dataset_path is not None:
         if not os.path.isfile(args.dataset_path):
             raise UsageError(f"dataset file not found: {args.dataset_path}")
@@ -470,11 +548,24 @@ def load_problems(args: Args):
     except Exception as e:  # offline, unknown name, ...: one line, not a traceback
         raise UsageError(f"cannot load dataset '{args.dataset_id}' ({args.dataset_config}): {str(e).splitlines()[0]}") from None
     train = [(r["question"], gold_from_answer(r["answer"])) for r in ds["train"]]
-    test = [(r["question"], gold_from_answer(r["answer"])) for r in ds["test"]][: args.eval_size]
+    test = [(r["question"], gold_from_answer(r["answer"])) for r in ds["test"]]
     return train, test
 
 
+def disable_dropout(model):
+    """Dropout off for good, train mode included (gradient checkpointing runs the model in train mode):
+    with dropout, π_θ would be a random function and ρ ≠ 1 even at zero lag."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):  # rates used functionally, e.g. Qwen2's attention_dropout
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+
+
 def load_model(args: Args, device, dtype):
+    """Returns (model, tokenizer, eos_ids, generation_config): the last is the model's own generation
+    config, which `save` writes back (the model's is cleared for sampling)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     try:
@@ -492,24 +583,46 @@ def load_model(args: Args, device, dtype):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation appends to the right of every prompt
+    disable_dropout(model)
     # Clear the model's sampling defaults (Qwen ships top_k=20, top_p=0.8, repetition_penalty=1.05):
     # the behaviour policy must be exactly softmax(logits / T), the distribution the loss scores.
+    generation_config = model.generation_config
     model.generation_config = GenerationConfig(eos_token_id=sorted(eos), pad_token_id=tokenizer.pad_token_id)
-    return model, tokenizer, torch.tensor(sorted(eos), device=device)
+    return model, tokenizer, torch.tensor(sorted(eos), device=device), generation_config
+
+
+def save(model, tokenizer, generation_config, path: str) -> str:
+    """`save_pretrained` of the model and tokenizer, with the model's original generation config;
+    never over an existing path (then beside it). Returns the path written."""
+    while os.path.exists(path):
+        path = f"{path}-new"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    generation_config.save_pretrained(path)  # replaces the one cleared for sampling
+    return path
 
 
 @torch.no_grad()
 def evaluate(model, tokenizer, problems, args: Args, eos_ids, autocast):
-    """Greedy accuracy on held-out problems."""
-    correct = []
+    """Greedy decoding (deterministic) of every problem. Returns (accuracy, completions, rewards)."""
+    completions, rewards = [], []
     for i in range(0, len(problems), args.eval_batch_size):
         batch = problems[i : i + args.eval_batch_size]
         prompts = [build_prompt(tokenizer, q, args.instruction) for q, _ in batch]
         input_ids, _, mask = sample_completions(model, tokenizer, prompts, args.max_new_tokens, 1.0, False, eos_ids, autocast)
-        C = mask.shape[1]
-        texts = tokenizer.batch_decode(input_ids[:, -C:] * mask + tokenizer.pad_token_id * (1 - mask), skip_special_tokens=True)
-        correct += [gsm8k_reward(text, gold) for text, (_, gold) in zip(texts, batch)]
-    return float(np.mean(correct)) if correct else float("nan")
+        texts = decode_completions(tokenizer, input_ids, mask)
+        completions += texts
+        rewards += [gsm8k_reward(text, gold, args.answer_extraction) for text, (_, gold) in zip(texts, batch)]
+    return (float(np.mean(rewards)) if rewards else float("nan")), completions, rewards
+
+
+def samples_markdown(problems, completions, rewards, n: int) -> str:
+    """The first `n` evaluation completions with their rewards, as Markdown for TensorBoard's text tab."""
+    blocks = []
+    for (question, gold), text, reward in list(zip(problems, completions, rewards))[:n]:
+        quoted = "\n".join("    " + line for line in text.splitlines() or [""])  # a code block keeps the text as is
+        blocks.append(f"**{question}** (gold {gold}, reward {reward:g})\n\n{quoted}")
+    return "\n\n---\n\n".join(blocks)
 
 
 def validate(args: Args):
@@ -527,10 +640,13 @@ def validate(args: Args):
         (args.max_new_tokens >= 1, f"--max-new-tokens must be at least 1 (got {args.max_new_tokens})"),
         (args.learning_rate > 0, f"--learning-rate must be > 0 (got {args.learning_rate})"),
         (args.clip_coef > 0, f"--clip-coef must be > 0 (got {args.clip_coef})"),
+        (args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon-high must be > 0 (got {args.epsilon_high})"),
         (args.tv_threshold > 0, f"--tv-threshold must be > 0 (got {args.tv_threshold})"),
         (args.beta >= 0, f"--beta must be >= 0 (got {args.beta})"),
         (args.eval_size >= 0 and args.eval_every >= 0, "--eval-size and --eval-every must be >= 0"),
         (args.eval_batch_size >= 1, f"--eval-batch-size must be at least 1 (got {args.eval_batch_size})"),
+        (args.num_logged_samples >= 0, f"--num-logged-samples must be >= 0 (got {args.num_logged_samples})"),
+        (args.save_every >= 0, f"--save-every must be >= 0 (got {args.save_every})"),
     ]
     for ok, message in checks:
         if not ok:
@@ -562,19 +678,18 @@ def train(args: Args):
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
     train_problems, test_problems = load_problems(args)
-    model, tokenizer, eos_ids = load_model(args, device, torch.float32)
-    if args.gradient_checkpointing:  # renamed in recent transformers 5.x releases; both work
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    eval_problems = test_problems[: args.eval_size]
+    model, tokenizer, eos_ids, generation_config = load_model(args, device, torch.float32)
+    if args.gradient_checkpointing:  # transformers 5.0 names it gradient_..., later 5.x activation_... (the old name warns)
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()  # both default to use_reentrant=False
     ref_model = None
     if args.beta > 0:  # a frozen copy of the initial policy for the KL penalty
         import copy
 
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    reward_fn = partial(gsm8k_reward, format_reward=args.format_reward)
+    reward_fn = partial(gsm8k_reward, mode=args.answer_extraction, format_reward=args.format_reward)
 
     if args.track:
         import wandb
@@ -583,19 +698,21 @@ def train(args: Args):
                    config=vars(args), name=run_name, save_code=True)
     writer = SummaryWriter(f"runs/{run_name}")
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    print(f"run {run_name}: {len(train_problems)} training problems, {len(test_problems)} held out, device {device}"
-          f"{' (bf16 autocast)' if use_bf16 else ''}", flush=True)
+    print(f"run {run_name}: {len(train_problems)} training problems, {len(test_problems)} test problems, "
+          f"device {device}{' (bf16 autocast)' if use_bf16 else ''}", flush=True)
 
-    def run_eval(step):
-        if not test_problems:
+    def run_eval(step, problems, tag="eval/accuracy"):
+        if not problems:
             return float("nan")
         t0 = time.time()
-        acc = evaluate(model, tokenizer, test_problems, args, eos_ids, autocast)
-        writer.add_scalar("eval/accuracy", acc, step)
-        print(f"eval step {step}: greedy accuracy {acc:.4f} on {len(test_problems)} held-out problems ({time.time() - t0:.1f}s)", flush=True)
-        return acc
+        accuracy, completions, rewards = evaluate(model, tokenizer, problems, args, eos_ids, autocast)
+        writer.add_scalar(tag, accuracy, step)
+        if args.num_logged_samples:
+            writer.add_text(tag.replace("accuracy", "samples"), samples_markdown(problems, completions, rewards, args.num_logged_samples), step)
+        print(f"eval step {step}: greedy accuracy {accuracy:.4f} on {len(problems)} test problems ({time.time() - t0:.1f}s)", flush=True)
+        return accuracy
 
-    accuracy_before = run_eval(0)
+    accuracy_before = run_eval(0, eval_problems)
     accuracy = accuracy_before
     generator = torch.Generator().manual_seed(args.seed)
     order, cursor = [], 0  # walk the training problems in shuffled epochs
@@ -612,52 +729,35 @@ def train(args: Args):
                           eos_ids, autocast, ref_model, generator)
         completions_done += len(stats["completions"])
         golds = [g for _, g in batch for _ in range(args.group_size)]
-        train_accuracy = float(np.mean([gsm8k_reward(t, g) for t, g in zip(stats["completions"], golds)]))
-
-        mb = stats["per_minibatch"]
-        writer.add_scalar("charts/reward_mean", stats["reward_mean"], step)
-        writer.add_scalar("charts/reward_std", stats["reward_std"], step)
-        writer.add_scalar("charts/train_accuracy", train_accuracy, step)
-        writer.add_scalar("charts/completion_length", stats["completion_length"], step)
-        writer.add_scalar("charts/truncated_fraction", stats["truncated_fraction"], step)
-        writer.add_scalar("charts/zero_std_group_fraction", stats["zero_std_group_fraction"], step)
-        for key in ("loss", "tv", "filtered_fraction", "clip_fraction", "ratio_mean", "entropy", "grad_norm"):
-            writer.add_scalar(f"losses/{key}", float(np.mean(mb[key])), step)
-        writer.add_scalar("losses/ratio_min", min(mb["ratio_min"]), step)
-        writer.add_scalar("losses/ratio_max", max(mb["ratio_max"]), step)
-        if ref_model is not None:
-            writer.add_scalar("losses/kl", float(np.mean(mb["kl"])), step)
-        for k in range(args.num_minibatches):  # how the lag grows with the minibatch index
-            writer.add_scalar(f"lag/tv_minibatch_{k}", mb["tv"][k], step)
-            writer.add_scalar(f"lag/filtered_fraction_minibatch_{k}", mb["filtered_fraction"][k], step)
-        writer.add_scalar("perf/gen_tokens_per_s", stats["gen_tokens"] / stats["gen_time"], step)
-        writer.add_scalar("perf/train_tokens_per_s", stats["train_tokens"] / stats["train_time"], step)
+        train_accuracy = float(np.mean([gsm8k_reward(t, g, args.answer_extraction) for t, g in zip(stats["completions"], golds)]))
+        shown = log_step(writer, step, stats, train_accuracy, args)
         elapsed = time.time() - start_time
         sps = completions_done / elapsed  # completions (episodes) per second, evaluation time included
         writer.add_scalar("charts/SPS", sps, step)
 
         if args.eval_every and step % args.eval_every == 0 and step < args.num_steps:
-            accuracy = run_eval(step)
+            accuracy = run_eval(step, eval_problems)
+        if args.save_every and step % args.save_every == 0:
+            save(model, tokenizer, generation_config, f"runs/{run_name}/checkpoint-{step}")
         eta = elapsed / step * (args.num_steps - step)
-        print(f"step {step}/{args.num_steps} | reward {stats['reward_mean']:.3f} | train acc {train_accuracy:.3f} | "
-              f"eval acc {accuracy:.3f} | tv {np.mean(mb['tv']):.4f} | filtered {np.mean(mb['filtered_fraction']):.3f} | "
-              f"clipped {np.mean(mb['clip_fraction']):.3f} | len {stats['completion_length']:.0f} | "
-              f"gen {stats['gen_tokens'] / stats['gen_time']:.0f} tok/s | train {stats['train_tokens'] / stats['train_time']:.0f} tok/s | "
-              f"SPS: {sps:.2f} | left {_hms(eta)}", flush=True)
+        print(f"step {step}/{args.num_steps} | reward {shown['charts/reward_mean']:.3f} | train acc {train_accuracy:.3f} | "
+              f"eval acc {accuracy:.3f} | tv {shown['losses/tv']:.4f} | filter on {shown['losses/filter_on_fraction']:.2f} | "
+              f"filtered {shown['losses/filtered_fraction']:.3f} | clipped {shown['losses/clip_fraction']:.3f} | "
+              f"len {shown['charts/completion_length']:.0f} | gen {shown['perf/gen_tokens_per_s']:.0f} tok/s | "
+              f"train {shown['perf/train_tokens_per_s']:.0f} tok/s | SPS: {sps:.2f} | left {_hms(eta)}", flush=True)
 
-    accuracy_after = run_eval(args.num_steps)
+    accuracy_after = run_eval(args.num_steps, eval_problems)
     print(f"accuracy before {accuracy_before:.4f} after {accuracy_after:.4f} | SPS: {completions_done / (time.time() - start_time):.2f}", flush=True)
+    accuracy_full = float("nan")
+    if args.final_eval and len(test_problems) > len(eval_problems):
+        accuracy_full = run_eval(args.num_steps, test_problems, "eval/accuracy_full_test")
     if args.save_model:
-        path = args.save_path
-        while os.path.exists(path):  # appeared during training: never overwrite, save beside it
-            path = f"{path}-new"
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        print(f"model saved to {path}", flush=True)
+        print(f"model saved to {save(model, tokenizer, generation_config, args.save_path)}", flush=True)
     writer.close()
     if args.track:
         wandb.finish()
-    return {"accuracy_before": accuracy_before, "accuracy_after": accuracy_after, "run_name": run_name}
+    return {"accuracy_before": accuracy_before, "accuracy_after": accuracy_after, "accuracy_full_test": accuracy_full,
+            "run_name": run_name}
 
 
 def main(args: Optional[Args] = None):

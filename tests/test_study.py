@@ -115,6 +115,19 @@ def test_finished_runs_are_skipped_and_changed_ones_kept_aside(tmp_path):
     assert not study.is_finished(run, folder)
 
 
+def test_a_run_that_trains_like_a_finished_one_reuses_its_results(tmp_path):
+    # "vaco" spells out the flags of one of the delta-sweep variants: the same training, another name
+    (twin,) = [a for a in study.ALGORITHMS if a != "vaco" and study.ALGORITHMS[a] == study.ALGORITHMS["vaco"]]
+    finished = write_run(str(tmp_path), "Hopper-v4", twin, 8, 2, [1.0, 2.0, 3.0])
+    run = study.Run("Hopper-v4", "vaco", 8, 2, finished.steps)
+    assert study.execute(run, str(tmp_path)) == 0.0  # nothing trained
+    assert study.is_finished(run, str(tmp_path))
+    assert (tmp_path / f"{run.name}.csv").read_text() == (tmp_path / f"{finished.name}.csv").read_text()
+    assert json.loads((tmp_path / f"{run.name}.json").read_text())["same_training_as"] == finished.name
+    other_seed = study.Run("Hopper-v4", "vaco", 8, 3, finished.steps)
+    assert study.find_twin(other_seed, str(tmp_path)) is None
+
+
 def test_a_tiny_study_runs_then_resumes_without_rerunning(tmp_path, capsys):
     args = study.Args(preset="cpu", algorithms=["vaco-proximal-0.1"], tasks=["Hopper-v4"], ks=[8],
                       shard="1/3", total_timesteps=4096, out_dir=str(tmp_path), jobs=1)
