@@ -228,7 +228,7 @@ def make_env(env_id, idx, capture_video, run_name):
 
 
 def make_envs(args, run_name):
-    envs = gym.vector.SyncVectorEnv(  # more envs per actor, or more actors, replace AsyncVectorEnv here
+    envs = gym.vector.SyncVectorEnv(  # the actor processes take the place of AsyncVectorEnv
         [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
         # SAME_STEP: a finished sub-env resets within the step and hands back its last observation
         # in infos["final_obs"]. So no dummy transition (NEXT_STEP's reset step, whose action is
