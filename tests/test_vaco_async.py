@@ -22,6 +22,7 @@ from conftest import ROOT, read_scalars
 from test_continuous import Payload
 
 SCRIPT = os.path.join(ROOT, "vaco_async.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # torchrun, of this Python
 # A few seconds of training: updates of 2 envs x 32 steps in all (so 2 actors send 1 env x 32 steps each).
 TINY = dict(env_id="Hopper-v4", num_envs=2, num_steps=32, num_minibatches=4, update_epochs=2, total_timesteps=512)
 
@@ -302,7 +303,7 @@ def test_max_policy_lag_0_drops_old_segments(launch, tmp_path):
 
 
 def test_torchrun_standalone(launch, tmp_path):
-    code, out, err = launch("torchrun", "--standalone", "--nproc-per-node", "3", SCRIPT, *flags()).finish(timeout=90)
+    code, out, err = launch(*TORCHRUN, "--standalone", "--nproc-per-node", "3", SCRIPT, *flags()).finish(timeout=90)
     assert code == 0, out + err
     assert "learner: 2 actor(s) joined" in out and "step 512/512 (100%)" in out
     _, scalars = run_scalars(tmp_path)
@@ -313,7 +314,7 @@ def test_torchrun_two_nodes_on_loopback(launch, tmp_path):
     with socket.socket() as probe:  # a free port for the rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    nodes = [launch("torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+    nodes = [launch(*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", SCRIPT, *flags(),
                     name=f"node{node}") for node in (0, 1)]
     results = [node.finish(timeout=90) for node in nodes]
