@@ -7,18 +7,16 @@ whose actors are real processes that act with whatever weights they last receive
 as in a distributed system. Rank 0 is the learner, ranks 1..N are actors, and they talk only
 through torch.distributed (gloo backend, CPU tensors, point-to-point after start-up):
 
-      actor (rank r >= 1)                                  learner (rank 0)
-    +-------------------------------+   segment     +-------------------------------------------+
-    | num_envs/N envs, num_steps    | ------------> | comm thread --> queue --> training loop   |
-    | steps with policy version v   |  (isend)      | (makes every   (bounded:  (VACO update on   |
-    |                               | <------------ |  dist call)     a full     num_actors     |
-    | next segment: newest version  |  reply        |                 queue      segments, then |
-    | received                      |  [version,    |                 holds      publishes      |
-    |                               |   stop] and,  |                 actors     version + 1)   |
-    |                               |  if newer,    |                 back)                     |
-    |                               |  weights +    |                                           |
-    |                               |  obs stats    |                                           |
-    +-------------------------------+               +-------------------------------------------+
+    actors, ranks 1..N                               learner, rank 0
+    num_envs/N envs each, acting with                comm thread, the one that calls torch.distributed:
+    the newest policy version received               recv(src=None) -> bounded queue -> training loop:
+                                                     num_actors segments = a batch -> VACO update ->
+                                                     publish version + 1
+
+    segment (num_steps steps)      -- isend ------>  queued; answered at once, or once the queue has
+                                                     room (a full queue holds the actors back)
+    next segment                   <-- reply ------  [version, stop], and if the actor's version is
+                                                     older, its weights + observation statistics
 
 Acting and learning overlap, so a segment can be several versions old when the learner uses it:
 its lag = learner version at use - behaviour version (time in the queue included). VACO answers
