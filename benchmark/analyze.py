@@ -31,6 +31,8 @@ from typing import Optional
 import numpy as np
 import tyro
 
+from study import DELTAS  # the sweep's thresholds (a sibling script of this folder)
+
 SLICES = 10
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
 MAIN_ALGORITHMS = ["ppo", "ppo-kl", "spo", "vaco", "vaco-noalign", "vaco-nofilter"]
@@ -212,7 +214,7 @@ def raw_section(raw, keys, tasks):
 
 @dataclass
 class Args:
-    results_dir: str
+    results_dir: tyro.conf.Positional[str]
     """a folder of study results (CSV + JSON per run), e.g. benchmark/results/cpu"""
     figures_dir: Optional[str] = None
     """where the PNG figures go (default: the results folder)"""
@@ -355,11 +357,12 @@ def delta_figure(plot, sweep, path):
         if metric in plot.get(("ppo", k), {}):
             ax.axhline(plot[("ppo", k)][metric][0][1], color="grey", lw=1, ls="--", label=f"PPO, K = {k}")
         ax.set_xscale("log")
-        ax.set_xticks([0.05, 0.1, 0.2], ["0.05", "0.1", "0.2"])
+        ax.set_xticks(DELTAS, [str(d) for d in DELTAS])
+        ax.minorticks_off()
+        ax.legend(fontsize=7)
         ax.set_xlabel("TV threshold δ")
         ax.set_title(f"K = {k}, {metric} score" + (" (proximal = behaviour)" if k == 1 else ""), fontsize=9)
     axes[0].set_ylabel("normalised IQM (1 = sync PPO)")
-    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
