@@ -180,6 +180,11 @@ def diagnostics(runs, key, tasks):
 
 # --- report -------------------------------------------------------------------------------------
 
+def marked(name, lines):
+    """Lines between snippet markers, so that a docs page can include them (pymdownx.snippets)."""
+    return [f"<!-- --8<-- [start:{name}] -->", *lines, f"<!-- --8<-- [end:{name}] -->", ""] if lines else []
+
+
 def fmt_interval(point, interval):
     return f"{point:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
 
@@ -250,19 +255,21 @@ def main(args: Args):
               f"{len(runs)} finished runs. Random-policy returns: "
               + ", ".join(f"{t} {randoms[t]:.1f}" for t in tasks_all) + ".", "",
               "## Final returns per task (mean ± std over seeds, number of seeds)", ""]
-    report += raw_section(raw, keys, tasks_all)
+    report += marked("per_task", raw_section(raw, keys, tasks_all))
     estimates = {}
     for metric in ("final", "auc"):
         if main_tasks:
             section, points, intervals = aggregate_section(
                 f"Aggregates, {metric} score", normalised, [k for k in keys if k[0] in MAIN_ALGORITHMS],
                 main_tasks, metric, args.reps, args.seed)
-            report += section
+            report += marked(f"aggregates_{metric}", section)
             estimates[metric] = (points, intervals)
     if main_tasks:
-        report += improvement_section(normalised, keys, main_tasks, ks, args.reps, args.seed)
+        report += marked("improvement", improvement_section(normalised, keys, main_tasks, ks, args.reps, args.seed))
     if sweep_tasks:
-        report += sweep_section(runs, normalised, sweep, sweep_tasks, args.reps, args.seed, out)
+        report += ["## TV threshold sweep", ""]
+        report += marked("sweep", sweep_section(runs, normalised, sweep, sweep_tasks, args.reps, args.seed, out))
+        report += [f"![delta sensitivity]({out.link('delta_sensitivity.png')})", ""]
     report += figures(raw, runs, keys, ks, main_tasks, estimates, out)
     path = os.path.join(args.results_dir, "report.md")
     with open(path, "w") as f:
@@ -294,7 +301,7 @@ def improvement_section(normalised, keys, tasks, ks, reps, seed):
 
 def sweep_section(runs, normalised, sweep, tasks, reps, seed, out):
     """The delta x reference sweep: aggregates of final and AUC scores, and the filter's activity."""
-    lines = ["## TV threshold sweep", "", f"Tasks: {', '.join(tasks)}. IQM of normalised scores with 95% intervals; "
+    lines = [f"Tasks: {', '.join(tasks)}. IQM of normalised scores with 95% intervals; "
              "filter diagnostics are means over runs and updates. At K = 1 the proximal policy is the "
              "behaviour policy, so the proximal variants are run at K > 1 only.", "",
              "| variant | K | seeds | IQM final | IQM AUC | mean final | filter on (share of minibatches) | "
@@ -318,8 +325,20 @@ def sweep_section(runs, normalised, sweep, tasks, reps, seed, out):
             lines.append(f"| {a} | {k} | {n} | {fmt_interval(pf[1], cf[:, 1])} | {fmt_interval(pa[1], ca[:, 1])} | "
                          f"{pf[2]:.2f} | {get('filter_on_fraction')} | {get('filtered_fraction')} | {get('filter_tv')} | "
                          f"{get('backward_tv')} | {get('approx_kl')} |")
+    lines += ["", "Ranking: the mean over K of the IQM of the normalised final score (a proximal variant's "
+              "K = 1 score is that of its behaviour twin, the same run).", "",
+              "| variant | K = 1 | K = 8 | mean |", "|-|-|-|-|"]
+    ranking = []
+    for a in sweep:
+        twin = a.replace("proximal", "behaviour")
+        k1 = plot.get((a, 1), plot.get((twin, 1), {})).get("final")
+        k8 = plot.get((a, 8), {}).get("final")
+        if k1 and k8:
+            ranking.append(((k1[0][1] + k8[0][1]) / 2, a, k1[0][1], k8[0][1]))
+    for mean, a, k1, k8 in sorted(ranking, reverse=True):
+        lines.append(f"| {a} | {k1:.2f} | {k8:.2f} | {mean:.2f} |")
     delta_figure(plot, sweep, out.path("delta_sensitivity.png"))
-    return lines + ["", f"![delta sensitivity]({out.link('delta_sensitivity.png')})", ""]
+    return lines
 
 
 # --- figures ------------------------------------------------------------------------------------

@@ -84,6 +84,8 @@ def test_analysis_end_to_end(tmp_path):
     report = open(os.path.join(folder, "report.md")).read()
     assert "| vaco | 8 | 3 | 1.50 [1.50, 1.50]" in report  # median with its (degenerate) interval
     assert "| ppo | 8 | 1.00 [1.00, 1.00] |" in report  # P(VACO > PPO) at K = 8
+    for section in ("per_task", "aggregates_final", "aggregates_auc", "improvement"):  # for the docs to include
+        assert f"<!-- --8<-- [start:{section}] -->" in report and f"<!-- --8<-- [end:{section}] -->" in report
     for figure in ("lag_robustness.png", "aggregates_K1.png", "aggregates_K8.png", "learning_curves.png"):
         assert os.path.getsize(os.path.join(folder, figure)) > 1000
 
