@@ -157,10 +157,10 @@ def grid(preset, steps=None):
     return list(dict.fromkeys(runs))
 
 
-def select(runs, algorithms=None, tasks=None, ks=None, shard=None):
-    """Filter by algorithm / task / K, then keep the I-th of N interleaved slices (shard = "I/N", 1-based)."""
+def select(runs, algorithms=None, tasks=None, ks=None, shard=None, seeds=None):
+    """Filter by algorithm / task / K / seed, then keep the I-th of N interleaved slices (shard = "I/N", 1-based)."""
     runs = [r for r in runs if (not algorithms or r.algorithm in algorithms) and (not tasks or r.task in tasks)
-            and (not ks or r.k in ks)]
+            and (not ks or r.k in ks) and (not seeds or r.seed in seeds)]
     if shard:
         i, n = (int(x) for x in shard.split("/"))
         runs = runs[i - 1 :: n]
@@ -268,6 +268,8 @@ class Args:
     """run only these tasks of the preset"""
     ks: Optional[list[int]] = None
     """run only these policy lags K of the preset"""
+    seeds: Optional[list[int]] = None
+    """run only these seeds of the preset (e.g. two seeds of every run first, the third later)"""
     out_dir: Optional[str] = None
     """where results go (default benchmark/results/<preset>)"""
     total_timesteps: Optional[int] = None
@@ -295,7 +297,7 @@ def check_args(args):
 
 def main(args: Args):
     check_args(args)
-    runs = select(grid(args.preset, args.total_timesteps), args.algorithms, args.tasks, args.ks, args.shard)
+    runs = select(grid(args.preset, args.total_timesteps), args.algorithms, args.tasks, args.ks, args.shard, args.seeds)
     if args.list:
         print("\n".join(run.portable_command() for run in runs))
         return

@@ -100,6 +100,12 @@ def test_shards_split_the_grid_without_overlap():
     assert all(r.steps == 300_000 for r in runs)
 
 
+def test_select_filters_by_every_axis():
+    runs = study.grid("cpu-1m")
+    picked = study.select(runs, algorithms=["ppo"], tasks=["Ant-v4"], ks=[8], seeds=[1, 2])
+    assert [(r.algorithm, r.task, r.k, r.seed) for r in picked] == [("ppo", "Ant-v4", 8, 1), ("ppo", "Ant-v4", 8, 2)]
+
+
 def test_paper_preset_covers_every_algorithm_lag_and_task():
     runs = study.grid("paper")
     assert len(runs) == 6 * 4 * 10 * 10
