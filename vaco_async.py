@@ -128,8 +128,10 @@ class Args:
     """the target KL divergence threshold (stops the epochs of an update early)"""
 
     # VACO
-    tv_threshold: float = 0.2
-    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it"""
+    tv_threshold: float = 0.1
+    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it. 0.1 with the
+    behaviour reference won the lag study's sweep (delta 0.05/0.1/0.2 x both references, Hopper and
+    HalfCheetah, K 1 and 8, 3 seeds; 1M-step finalists): docs/results.md"""
     tv_reference: Literal["behaviour", "proximal"] = "behaviour"
     """the policy the TV filter measures against. behaviour: beta, the paper's rule (the TV then
     holds backward and forward lag together); proximal: pi_T, the learner's policy at the start of

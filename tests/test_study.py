@@ -136,6 +136,18 @@ def test_a_run_that_trains_like_a_finished_one_reuses_its_results(tmp_path):
     assert study.find_twin(other_seed, str(tmp_path)) is None
 
 
+def test_study_vaco_is_the_scripts_default():
+    # the study's "vaco" is what a user gets without flags, in both scripts that carry the method
+    sys.path.insert(0, study.ROOT)
+    import vaco_async
+    import vaco_continuous
+
+    flags = study.ALGORITHMS["vaco"][1]
+    for module in (vaco_continuous, vaco_async):
+        assert float(flags[flags.index("--tv-threshold") + 1]) == module.Args.tv_threshold
+        assert flags[flags.index("--tv-reference") + 1] == module.Args.tv_reference
+
+
 def test_a_tiny_study_runs_then_resumes_without_rerunning(tmp_path, capsys):
     args = study.Args(preset="cpu", algorithms=["vaco-proximal-0.1"], tasks=["Hopper-v4"], ks=[8],
                       shard="1/3", total_timesteps=4096, out_dir=str(tmp_path), jobs=1)
