@@ -270,7 +270,7 @@ def main(args: Args):
         report += ["## TV threshold sweep", ""]
         report += marked("sweep", sweep_section(runs, normalised, sweep, sweep_tasks, args.reps, args.seed, out))
         report += [f"![delta sensitivity]({out.link('delta_sensitivity.png')})", ""]
-    report += figures(raw, runs, keys, ks, main_tasks, estimates, out)
+    report += figures(raw, runs, keys, ks, main_tasks, estimates, out, sweep)
     path = os.path.join(args.results_dir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(report) + "\n")
@@ -389,8 +389,9 @@ def delta_figure(plot, sweep, path):
     plt.close(fig)
 
 
-def figures(raw, runs, keys, ks, main_tasks, estimates, out):
-    """Lag-robustness (IQM vs K), aggregate intervals, learning curves; returns Markdown lines."""
+def figures(raw, runs, keys, ks, main_tasks, estimates, out, sweep=()):
+    """Lag-robustness (IQM vs K), aggregate intervals, learning curves (PPO, VACO, SPO, and the
+    sweep's variants when there are few of them, e.g. the finalists); returns Markdown lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -435,8 +436,9 @@ def figures(raw, runs, keys, ks, main_tasks, estimates, out):
     tasks = sorted({t for key in keys for t in raw[key]})
     fig, axes = plt.subplots(len(tasks), len(ks), figsize=(3.2 * len(ks), 2.4 * len(tasks)), squeeze=False)
     curves = defaultdict(list)
+    shown = {"ppo", "vaco", "spo"} | (set(sweep) if len(sweep) <= 3 else set())
     for meta, rows in runs:
-        if meta["algorithm"] in ("ppo", "vaco", "spo"):
+        if meta["algorithm"] in shown:
             curves[(meta["task"], meta["k"], meta["algorithm"])].append(
                 slice_scores(rows, meta["total_timesteps"], slices=50))
     for (task, k, algorithm), cs in sorted(curves.items()):
