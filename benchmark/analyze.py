@@ -266,6 +266,7 @@ def main(args: Args):
             estimates[metric] = (points, intervals)
     if main_tasks:
         report += marked("improvement", improvement_section(normalised, keys, main_tasks, ks, args.reps, args.seed))
+    report += baselines_sections(raw, normalised, ks, args.reps, args.seed)
     if sweep_tasks:
         report += ["## TV threshold sweep", ""]
         report += marked("sweep", sweep_section(runs, normalised, sweep, sweep_tasks, args.reps, args.seed, out))
@@ -276,6 +277,26 @@ def main(args: Args):
         f.write("\n".join(report) + "\n")
     print("\n".join(report))
     print(f"\nreport: {path}; figures in {figures_dir}")
+
+
+def baseline_tasks(raw, ks):
+    """(algorithms, Ks, tasks) of the baselines comparison: every main algorithm that ran, at K = 1
+    and the largest K, on the tasks where all of them ran (often fewer than PPO's and VACO's)."""
+    base_ks = sorted({1, max(ks)})
+    present = [a for a in MAIN_ALGORITHMS if all((a, k) in raw for k in base_ks)]
+    tasks = sorted(set.intersection(*(set(raw[(a, k)]) for a in present for k in base_ks))) if present else []
+    return present, base_ks, tasks
+
+
+def baselines_sections(raw, normalised, ks, reps, seed):
+    """Aggregates and P(VACO > X) of every algorithm on the tasks they all ran, when there are baselines."""
+    present, base_ks, tasks = baseline_tasks(raw, ks)
+    if len(present) <= 2 or "vaco" not in present or not tasks:
+        return []
+    keys = [(a, k) for k in base_ks for a in present]
+    section, _, _ = aggregate_section("Baselines and ablations, final score", normalised, keys, tasks, "final", reps, seed)
+    return (marked("baselines", section)
+            + marked("baselines_improvement", improvement_section(normalised, keys, tasks, base_ks, reps, seed)))
 
 
 def improvement_section(normalised, keys, tasks, ks, reps, seed):

@@ -88,6 +88,27 @@ def test_analysis_end_to_end(tmp_path):
         assert f"<!-- --8<-- [start:{section}] -->" in report and f"<!-- --8<-- [end:{section}] -->" in report
     for figure in ("lag_robustness.png", "aggregates_K1.png", "aggregates_K8.png", "learning_curves.png"):
         assert os.path.getsize(os.path.join(folder, figure)) > 1000
+    assert "start:baselines" not in report  # PPO and VACO only: no baselines section
+
+
+def test_baselines_are_compared_on_the_tasks_they_ran(tmp_path):
+    folder = str(tmp_path)
+    randoms = {"TaskA-v4": 0.0, "TaskB-v4": 100.0}
+    with open(os.path.join(folder, "random_scores.json"), "w") as f:
+        json.dump(randoms, f)
+    for seed in (1, 2):
+        for task, base in randoms.items():
+            for k in (1, 8):
+                write_run(folder, task, "ppo", k, seed, [base + 20] * 10)
+                write_run(folder, task, "vaco", k, seed, [base + 30] * 10)
+        write_run(folder, "TaskA-v4", "spo", 1, seed, [10.0] * 10)  # SPO on one task only: half of PPO
+        write_run(folder, "TaskA-v4", "spo", 8, seed, [40.0] * 10)  # twice PPO
+    raw, normalised = analyze.score_table(analyze.load_runs(folder), randoms)
+    assert analyze.baseline_tasks(raw, [1, 8]) == (["ppo", "spo", "vaco"], [1, 8], ["TaskA-v4"])
+    report = "\n".join(analyze.baselines_sections(raw, normalised, [1, 8], reps=100, seed=0))
+    assert "Tasks: TaskA-v4." in report
+    assert "| spo | 1 | 2 | 0.50 [0.50, 0.50]" in report and "| spo | 8 | 2 | 2.00 [2.00, 2.00]" in report
+    assert "| spo | 1 | 1.00 [1.00, 1.00] |" in report and "| spo | 8 | 0.00 [0.00, 0.00] |" in report  # P(VACO > SPO)
 
 
 # --- the runner ---------------------------------------------------------------------------------
