@@ -266,7 +266,7 @@ def main(args: Args):
             estimates[metric] = (points, intervals)
     if main_tasks:
         report += marked("improvement", improvement_section(normalised, keys, main_tasks, ks, args.reps, args.seed))
-    report += baselines_sections(raw, normalised, ks, args.reps, args.seed)
+    report += baselines_sections(raw, normalised, ks, args.reps, args.seed, main_tasks)
     if sweep_tasks:
         report += ["## TV threshold sweep", ""]
         report += marked("sweep", sweep_section(runs, normalised, sweep, sweep_tasks, args.reps, args.seed, out))
@@ -288,10 +288,12 @@ def baseline_tasks(raw, ks):
     return present, base_ks, tasks
 
 
-def baselines_sections(raw, normalised, ks, reps, seed):
-    """Aggregates and P(VACO > X) of every algorithm on the tasks they all ran, when there are baselines."""
+def baselines_sections(raw, normalised, ks, reps, seed, main_tasks=None):
+    """Aggregates and P(VACO > X) of every algorithm on the tasks they all ran, when there are baselines
+    that the main sections leave out (they ran on fewer tasks than PPO and VACO). Once they ran on
+    every main task, the main sections hold them and this one would repeat them."""
     present, base_ks, tasks = baseline_tasks(raw, ks)
-    if len(present) <= 2 or "vaco" not in present or not tasks:
+    if len(present) <= 2 or "vaco" not in present or not tasks or (main_tasks is not None and set(main_tasks) <= set(tasks)):
         return []
     keys = [(a, k) for k in base_ks for a in present]
     section, _, _ = aggregate_section("Baselines and ablations, final score", normalised, keys, tasks, "final", reps, seed)
@@ -428,8 +430,13 @@ def figures(raw, runs, keys, ks, main_tasks, estimates, out, sweep=()):
             if pts:
                 x = [p[0] for p in pts]
                 y = np.array([p[1] for p in pts])
-                ax.plot(x, y, marker="o", label=algorithm, lw=2.2 if algorithm in ("ppo", "vaco") else 1.2)
-                ax.fill_between(x, [p[2][0] for p in pts], [p[2][1] for p in pts], alpha=0.15)
+                lo, hi = np.array([p[2][0] for p in pts]), np.array([p[2][1] for p in pts])
+                line, = ax.plot(x, y, marker="o", label=algorithm, lw=2.2 if algorithm in ("ppo", "vaco") else 1.2,
+                                ls="-" if len(x) == len(ks) else "--")
+                if len(x) == len(ks):
+                    ax.fill_between(x, lo, hi, alpha=0.15, color=line.get_color())
+                else:  # run at fewer K: dashed line, intervals only where measured
+                    ax.errorbar(x, y, yerr=[y - lo, hi - y], fmt="none", ecolor=line.get_color(), capsize=3, lw=1)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])

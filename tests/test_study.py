@@ -109,6 +109,10 @@ def test_baselines_are_compared_on_the_tasks_they_ran(tmp_path):
     assert "Tasks: TaskA-v4." in report
     assert "| spo | 1 | 2 | 0.50 [0.50, 0.50]" in report and "| spo | 8 | 2 | 2.00 [2.00, 2.00]" in report
     assert "| spo | 1 | 1.00 [1.00, 1.00] |" in report and "| spo | 8 | 0.00 [0.00, 0.00] |" in report  # P(VACO > SPO)
+    # the main sections cover TaskB too, which SPO did not run: the section above is needed ...
+    assert analyze.baselines_sections(raw, normalised, [1, 8], 100, 0, main_tasks=["TaskA-v4", "TaskB-v4"])
+    # ... but not once SPO ran every main task: the main sections hold it, no repeat
+    assert analyze.baselines_sections(raw, normalised, [1, 8], 100, 0, main_tasks=["TaskA-v4"]) == []
 
 
 # --- the runner ---------------------------------------------------------------------------------
