@@ -293,7 +293,8 @@ def baselines_sections(raw, normalised, ks, reps, seed, main_tasks=None):
     that the main sections leave out (they ran on fewer tasks than PPO and VACO). Once they ran on
     every main task, the main sections hold them and this one would repeat them."""
     present, base_ks, tasks = baseline_tasks(raw, ks)
-    if len(present) <= 2 or "vaco" not in present or not tasks or (main_tasks is not None and set(main_tasks) <= set(tasks)):
+    repeated = main_tasks is not None and set(main_tasks) <= set(tasks)
+    if len(present) <= 2 or "vaco" not in present or not tasks or repeated:
         return []
     keys = [(a, k) for k in base_ks for a in present]
     section, _, _ = aggregate_section("Baselines and ablations, final score", normalised, keys, tasks, "final", reps, seed)
@@ -431,9 +432,10 @@ def figures(raw, runs, keys, ks, main_tasks, estimates, out, sweep=()):
                 x = [p[0] for p in pts]
                 y = np.array([p[1] for p in pts])
                 lo, hi = np.array([p[2][0] for p in pts]), np.array([p[2][1] for p in pts])
+                complete = len(x) == len(ks)
                 line, = ax.plot(x, y, marker="o", label=algorithm, lw=2.2 if algorithm in ("ppo", "vaco") else 1.2,
-                                ls="-" if len(x) == len(ks) else "--")
-                if len(x) == len(ks):
+                                ls="-" if complete else "--")
+                if complete:
                     ax.fill_between(x, lo, hi, alpha=0.15, color=line.get_color())
                 else:  # run at fewer K: dashed line, intervals only where measured
                     ax.errorbar(x, y, yerr=[y - lo, hi - y], fmt="none", ecolor=line.get_color(), capsize=3, lw=1)
