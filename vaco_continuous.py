@@ -101,7 +101,10 @@ class Args:
     norm_adv: bool = True
     """Toggles advantages normalization (per minibatch)"""
     clip_coef: float = 0.2
-    """the surrogate clipping coefficient (used only by the `--no-tv-filter` ablation)"""
+    """the surrogate clipping coefficient (used only by the `--no-tv-filter` ablation and `--clip-vloss`)"""
+    clip_vloss: bool = False
+    """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets, and
+    the lag study's VACO numbers were measured without it (`--clip-vloss` with both ablations is PPO)"""
     ent_coef: float = 0.0
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -667,7 +670,7 @@ def main(args: Args):
 
         # flatten the batch: [T, N, ...] -> [T * N, ...]
         flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns, proximal_logprobs=target_logprobs)
+                    returns=returns, values=values, proximal_logprobs=target_logprobs)
         flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
 
         # Optimizing the policy and value network
@@ -706,7 +709,13 @@ def main(args: Args):
                 kl = ((ratio - 1) - logratio).mean()
 
                 # Value loss: regression on the V-trace targets
-                v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+                    v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
 
                 # the entropy bonus keeps the maximum-entropy objective
                 entropy_loss = entropy.mean()

@@ -35,7 +35,7 @@ from study import DELTAS  # the sweep's thresholds (a sibling script of this fol
 
 SLICES = 10
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
-MAIN_ALGORITHMS = ["ppo", "ppo-kl", "spo", "vaco", "vaco-noalign", "vaco-nofilter"]
+MAIN_ALGORITHMS = ["ppo", "ppo-kl", "spo", "vaco", "vaco-noalign", "vaco-nofilter", "vaco-none"]
 
 
 # --- loading and scoring ------------------------------------------------------------------------

@@ -46,6 +46,9 @@ ALGORITHMS = {
     "vaco-noalign": ("vaco_continuous.py", ["--tv-threshold", "0.1", "--tv-reference", "behaviour",
                                             "--no-advantage-alignment"]),
     "vaco-nofilter": ("vaco_continuous.py", ["--no-tv-filter"]),
+    # both components off: PPO's pipeline with VACO's value loss (no clipping), which separates
+    # what the value loss does from what the method does
+    "vaco-none": ("vaco_continuous.py", ["--no-advantage-alignment", "--no-tv-filter", "--no-clip-vloss"]),
 }
 # The delta sweep: every threshold against each reference policy.
 DELTAS = (0.05, 0.1, 0.2)
@@ -62,7 +65,7 @@ TUNING_TASKS = ["Hopper-v4", "HalfCheetah-v4"]  # delta is chosen on these only
 HELD_OUT_TASKS = ["Walker2d-v4", "Ant-v4"]  # ... and reported on these
 PAPER_TASKS = ["Ant-v4", "HalfCheetah-v4", "Hopper-v4", "Humanoid-v4", "HumanoidStandup-v4",
                "InvertedDoublePendulum-v4", "Pusher-v4", "Reacher-v4", "Swimmer-v4", "Walker2d-v4"]
-BASELINES = ["ppo-kl", "spo", "vaco-noalign", "vaco-nofilter"]
+BASELINES = ["ppo-kl", "spo", "vaco-noalign", "vaco-nofilter", "vaco-none"]
 
 # preset -> (env steps per run, seeds, [(algorithms, policy lags K, tasks), ...]); runs are taken
 # in this order, so the first block's results arrive first.
