@@ -17,6 +17,7 @@ ordinary synchronous PPO. ``vaco_continuous.py`` is the same file with the VACO 
 import collections
 import copy
 import difflib
+import functools
 import os
 import pickle
 import random
@@ -109,6 +110,10 @@ class Args:
     async_envs: bool = False
     """step the envs in subprocesses (gymnasium AsyncVectorEnv); pays off only when one env step
     costs much more than the inter-process round trip, or with many cores"""
+    compile: bool = True
+    """compile the minibatch update (loss, gradient, clipping, Adam) into one program with
+    torch.compile: a few times faster on a CPU, where these tiny networks cost per-op overhead, not
+    arithmetic; the first update pays the compile once. `--no-compile` runs the same code eagerly"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -139,6 +144,9 @@ def check_args(args: Args) -> None:
         )
     if args.total_timesteps < args.batch_size:
         sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size})")
+    if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
+        sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
+                 "first from the logged returns; pip install 'gymnasium>=1.4'")
     if args.env_id not in gym.registry:
         close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
@@ -270,6 +278,10 @@ class Agent(nn.Module):
     def get_value(self, obs):
         return self.critic(obs).squeeze(-1)
 
+    def forward(self, obs):
+        """(action mean, action log-std, value) of a batch of observations."""
+        return *self.actor(obs), self.get_value(obs)
+
 
 def gaussian_logprob(action, mean, logstd):
     """log N(action; mean, exp(logstd)) of the joint action (summed over its dimensions)."""
@@ -374,6 +386,106 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
 # --8<-- [end:ppo_policy_loss]
 
 
+# --8<-- [start:minibatch_loss]
+def minibatch_loss(params, agent, mb, args):
+    """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
+    `agent`), so that torch.func can differentiate it. Returns (loss, {statistic: value} to log)."""
+    mean, logstd, newvalue = torch.func.functional_call(agent, params, (mb["obs"],))
+    newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
+    entropy = gaussian_entropy(logstd)
+
+    mb_advantages = mb["advantages"]
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+    logratio = newlogprob - mb["logprobs"]
+    # k3 estimator of KL(behaviour || policy) from behaviour samples: (r - 1) - log r
+    kl = ((ratio - 1) - logratio).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+        v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    if args.kl_coef > 0:  # PPO-KL
+        loss = loss + args.kl_coef * kl
+
+    stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss, old_approx_kl=(-logratio).mean(),
+                 approx_kl=kl, clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+                 tv_divergence=0.5 * (ratio - 1).abs().mean())
+    return loss, {name: value.detach() for name, value in stats.items()}
+# --8<-- [end:minibatch_loss]
+
+
+# --8<-- [start:train_step]
+def adam_state(params):
+    """Adam's state for `params`: the step count t and the moment estimates m and v."""
+    return {"step": torch.zeros((), device=next(iter(params.values())).device),
+            "exp_avg": {name: torch.zeros_like(p) for name, p in params.items()},
+            "exp_avg_sq": {name: torch.zeros_like(p) for name, p in params.items()}}
+
+
+def train_step(params, adam, flat, indices, lr, agent, args):
+    """One optimiser step on the minibatch flat[indices]: the gradient of the loss, clipped by its
+    global norm, then Adam. Updates `params` (the agent's parameters) and `adam` in place and
+    returns the minibatch's statistics. One function of tensors in and out, so that torch.compile
+    can make it one program; `lr` is a tensor, so annealing it does not recompile."""
+    mb = {key: value[indices] for key, value in flat.items()}
+    grads, stats = torch.func.grad(minibatch_loss, has_aux=True)(params, agent, mb, args)
+
+    # gradient clipping: g <- g * min(1, max_grad_norm / ||g||), ||g|| over all parameters
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+    scale = torch.clamp(args.max_grad_norm / (norm + 1e-6), max=1.0)
+
+    # Adam (as torch.optim.Adam, eps = 1e-5): t <- t + 1,  m <- b1 m + (1 - b1) g,
+    # v <- b2 v + (1 - b2) g^2,  p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    beta1, beta2, eps = 0.9, 0.999, 1e-5
+    adam["step"].add_(1)
+    for name, p in params.items():
+        g = grads[name] * scale
+        m = adam["exp_avg"][name].mul_(beta1).add_((1 - beta1) * g)
+        v = adam["exp_avg_sq"][name].mul_(beta2).add_((1 - beta2) * g * g)
+        p.sub_(lr * (m / (1 - beta1 ** adam["step"])) / ((v / (1 - beta2 ** adam["step"])).sqrt() + eps))
+    return stats
+# --8<-- [end:train_step]
+
+
+def compile_train_step(step, enabled):
+    """torch.compile(step), timed and checked at its first call: there it compiles (once per run),
+    and where compiling is impossible (no C++ compiler, an unsupported platform) it says so in one
+    line and runs `step` eagerly from then on. `enabled` False: `step` itself."""
+    if not enabled:
+        return step
+    compiled = torch.compile(step, fullgraph=True)
+    chosen = None
+
+    def run(*args):
+        nonlocal chosen
+        if chosen is not None:
+            return chosen(*args)
+        start = time.time()
+        try:
+            out = compiled(*args)  # compiling happens before the program runs: no input is touched on failure
+            chosen = compiled
+            print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
+        except Exception as error:
+            chosen = step
+            print(f"note: torch.compile failed ({str(error).strip().splitlines()[0][:200]}); "
+                  "the update runs eagerly (--no-compile skips the attempt)", flush=True)
+            out = step(*args)
+        return out
+
+    return run
+
+
 def save_checkpoint(path, state):
     """`state` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
     if os.path.exists(path):  # the run directory is new, so this only guards against misuse
@@ -391,6 +503,16 @@ def load_checkpoint(path):
                  "(a pickled object, which could run code)")
     except Exception as error:  # a truncated or foreign file
         sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
+
+
+def load_adam_state(adam, saved):
+    """Copy a checkpoint's Adam state into `adam` (in place: the update step holds these tensors)."""
+    adam["step"].copy_(saved["step"])
+    for moment in ("exp_avg", "exp_avg_sq"):
+        if saved[moment].keys() != adam[moment].keys():
+            raise KeyError(f"its optimizer state holds {sorted(saved[moment])}, not {sorted(adam[moment])}")
+        for name, value in saved[moment].items():
+            adam[moment][name].copy_(value)
 
 
 def load_agent(path, obs_dim, act_dim):
@@ -443,7 +565,9 @@ def main(args: Args):
     if checkpoint and checkpoint["args"]["env_id"] != args.env_id:
         sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
                  f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
-    if checkpoint and checkpoint["iteration"] >= args.num_iterations:
+    if checkpoint:  # the whole batches that fit in what is left of the budget (the batch size may have changed)
+        args.num_iterations = checkpoint["iteration"] + (args.total_timesteps - checkpoint["global_step"]) // args.batch_size
+    if checkpoint and args.num_iterations <= checkpoint["iteration"]:
         sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
                  f"raise --total-timesteps above it to train on")
 
@@ -470,36 +594,41 @@ def main(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
-    generator = torch.Generator().manual_seed(args.seed)  # action noise and minibatch order
+    generator = torch.Generator().manual_seed(args.seed)  # minibatch order
+    action_generator = torch.Generator().manual_seed(args.seed + 1)  # the actors' action noise
     lag_rng = np.random.default_rng(args.seed)  # which snapshot each actor draws
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     agent = Agent(obs_dim, act_dim).to(device)
-    # fused: one kernel for all parameters instead of a dozen small ops each (same update)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
+    adam = adam_state(params)
+    lr = torch.tensor(args.learning_rate, device=device)
+    update = compile_train_step(functools.partial(train_step, agent=agent, args=args), args.compile)
     policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
     obs_rms = RunningMeanStd((obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
 
     def training_state(global_step, iteration):
         """Everything a resumed run needs, as tensors and plain numbers."""
-        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+        return {"agent": agent.state_dict(), "optimizer": adam,
                 "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
                 "policy_buffer": policy_buffer.state_dict(), "generator": generator.get_state(),
-                "lag_rng": lag_rng.bit_generator.state, "global_step": global_step,
+                "action_generator": action_generator.get_state(), "lag_rng": lag_rng.bit_generator.state,
+                "global_step": global_step,
                 "iteration": iteration, "args": vars(args)}
 
     global_step, start_iteration = 0, 1
     if checkpoint:
         try:
             agent.load_state_dict(checkpoint["agent"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-        except (RuntimeError, ValueError) as error:
+            load_adam_state(adam, checkpoint["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as error:
             sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
         obs_rms.load_state_dict(checkpoint["obs_rms"])
         reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
         policy_buffer.load_state_dict(checkpoint["policy_buffer"])
         generator.set_state(checkpoint["generator"])
+        action_generator.set_state(checkpoint["action_generator"])
         lag_rng.bit_generator.state = checkpoint["lag_rng"]
         global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
         print(f"resumed from {args.resume} at step {global_step} (update {checkpoint['iteration']})")
@@ -517,6 +646,7 @@ def main(args: Args):
 
     # TRY NOT TO MODIFY: start the game
     start_step = global_step
+    budget = global_step + (args.num_iterations - start_iteration + 1) * args.batch_size  # env steps at the end
     start_time = last_print = time.time()
     raw_obs, _ = envs.reset(seed=args.seed)
     envs.action_space.seed(args.seed)
@@ -527,7 +657,7 @@ def main(args: Args):
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            lr.fill_(frac * args.learning_rate)
 
         # --8<-- [start:rollout]
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
@@ -539,7 +669,7 @@ def main(args: Args):
         for step in range(0, args.num_steps):
             global_step += args.num_envs
             obs[step] = current_obs
-            action, logprob = act(policy_buffer, groups, torch.as_tensor(current_obs), generator)
+            action, logprob = act(policy_buffer, groups, torch.as_tensor(current_obs), action_generator)
             actions[step], logprobs[step] = action.numpy(), logprob.numpy()
 
             # TRY NOT TO MODIFY: execute the game and log data.
@@ -580,51 +710,8 @@ def main(args: Args):
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, generator=generator)
             for start in range(0, args.batch_size, args.minibatch_size):
-                mb = {key: value[b_inds[start : start + args.minibatch_size]] for key, value in flat.items()}
-                mean, logstd = agent.actor(mb["obs"])
-                newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
-                entropy = gaussian_entropy(logstd)
-                newvalue = agent.get_value(mb["obs"])
-
-                # --8<-- [start:minibatch_loss]
-                mb_advantages = mb["advantages"]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                # Policy loss
-                pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
-                logratio = newlogprob - mb["logprobs"]
-                # k3 estimator of KL(behaviour || policy) from behaviour samples: (r - 1) - log r
-                kl = ((ratio - 1) - logratio).mean()
-
-                # Value loss
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - mb["returns"]) ** 2
-                    v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
-                    v_loss_clipped = (v_clipped - mb["returns"]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
-
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                if args.kl_coef > 0:  # PPO-KL
-                    loss = loss + args.kl_coef * kl
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-                # --8<-- [end:minibatch_loss]
-
-                with torch.no_grad():
-                    stats["policy_loss"].append(pg_loss)
-                    stats["value_loss"].append(v_loss)
-                    stats["entropy"].append(entropy_loss)
-                    stats["old_approx_kl"].append((-logratio).mean())
-                    stats["approx_kl"].append(kl)
-                    stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-                    stats["tv_divergence"].append(0.5 * (ratio - 1).abs().mean())
+                for name, value in update(params, adam, flat, b_inds[start : start + args.minibatch_size], lr).items():
+                    stats[name].append(value)
 
             if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
                 break
@@ -638,7 +725,7 @@ def main(args: Args):
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
         sps = int((global_step - start_step) / (time.time() - start_time))
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/learning_rate", lr.item(), global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
@@ -646,9 +733,8 @@ def main(args: Args):
         if time.time() - last_print > 10 or iteration == args.num_iterations:
             last_print = time.time()
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-            eta = (args.num_iterations * args.batch_size - global_step) / max(sps, 1)
-            print(f"step {global_step}/{args.num_iterations * args.batch_size} "
-                  f"({100 * iteration / args.num_iterations:.0f}%) | SPS: {sps} | "
+            eta = (budget - global_step) / max(sps, 1)
+            print(f"step {global_step}/{budget} ({100 * global_step / budget:.0f}%) | SPS: {sps} | "
                   f"return (last {len(recent_returns)} eps) {recent} | ETA {format_eta(eta)}", flush=True)
         if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
                 and iteration < args.num_iterations:

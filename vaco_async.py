@@ -209,6 +209,9 @@ def check_args(args: Args) -> None:
         )
     if args.total_timesteps < args.batch_size:
         sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size})")
+    if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
+        sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
+                 "first from the logged returns; pip install 'gymnasium>=1.4'")
     if args.env_id not in gym.registry:
         close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

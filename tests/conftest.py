@@ -11,7 +11,17 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A few seconds of training: 2 updates of 2 envs x 64 steps.
-TINY = dict(env_id="Hopper-v4", total_timesteps=256, num_envs=2, num_steps=64, num_minibatches=4, update_epochs=2)
+TINY = dict(env_id="Hopper-v4", total_timesteps=256, num_envs=2, num_steps=64, num_minibatches=4, update_epochs=2,
+            compile=False)  # eager: the compiled path has tests of its own
+
+
+def cli_flags(**settings):
+    """Command-line flags for `settings`: --name value, and booleans as --name / --no-name."""
+    flags = []
+    for key, value in settings.items():
+        name = key.replace("_", "-")
+        flags += [f"--{name}" if value else f"--no-{name}"] if isinstance(value, bool) else [f"--{name}", str(value)]
+    return flags
 
 
 def read_scalars(run_dir):

@@ -33,10 +33,21 @@ def test_loss_value_and_mean_over_samples():
     torch.testing.assert_close(ratio, torch.tensor([1.3, 0.8, 1.0]))
 
 
-def test_spo_runs_and_logs(train):
-    _, scalars = train(spo, policy_buffer=2, total_timesteps=256)
-    assert len(scalars["losses/policy_loss"]) == 2 and np.isfinite(scalars["losses/approx_kl"]).all()
-    assert all(0.0 <= c <= 1.0 for c in scalars["losses/clipfrac"])
+@pytest.mark.parametrize("ratio, advantage, objective, slope", [
+    # f(r) = r A - |A| (r - 1)^2 / (2 eps) and its slope r f'(r) = r (A - |A| (r - 1) / eps) per log r
+    (1.0, 2.0, 2.0, 2.0),  # at r = 1: the policy gradient's r A, pushed as hard as PPO's
+    (1.2, 2.0, 2.2, 0.0),  # at the peak 1 + eps: no push
+    (1.5, 2.0, 1.75, -4.5),  # beyond it: pulled back (PPO's clipped surrogate gives 0 here)
+    (0.8, 2.0, 1.4, 3.2),  # below 1 with A > 0: pushed up, harder than at r = 1
+    (0.8, -1.0, -0.9, 0.0),  # the peak of a negative advantage, 1 - eps
+    (0.5, -1.0, -1.125, 0.75),  # beyond it: pulled back up
+])
+def test_worked_example_value_and_gradient(ratio, advantage, objective, slope):
+    newlogprob = torch.tensor([np.log(ratio)], requires_grad=True)
+    loss, _ = spo.spo_policy_loss(newlogprob, torch.zeros(1), torch.tensor([advantage]), 0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(-objective, abs=1e-6)
+    assert newlogprob.grad.item() == pytest.approx(-slope, abs=1e-6)
 
 
 def test_bad_epsilon(train):

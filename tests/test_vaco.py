@@ -209,8 +209,8 @@ def test_vaco_runs_and_logs_filtering(overrides, train):
 def test_proximal_reference_is_the_papers_rule_at_k1(train):
     # K = 1: pi_T = beta, so both references filter the same samples and train identically
     # (delta is small so that the filter acts)
-    _, behaviour = train(vaco, exp_name="b", total_timesteps=512, tv_threshold=0.01, tv_reference="behaviour")
-    _, proximal = train(vaco, exp_name="p", total_timesteps=512, tv_threshold=0.01, tv_reference="proximal")
+    _, behaviour = train(vaco, exp_name="b", total_timesteps=512, tv_threshold=0.001, tv_reference="behaviour")
+    _, proximal = train(vaco, exp_name="p", total_timesteps=512, tv_threshold=0.001, tv_reference="proximal")
     assert max(behaviour["losses/filtered_fraction"]) > 0
     for tag in ["losses/filtered_fraction", "losses/policy_loss", "charts/episodic_return"]:
         assert behaviour[tag] == proximal[tag], tag

@@ -1,0 +1,105 @@
+"""The compiled minibatch update (torch.compile of `train_step`) against the same function run
+eagerly, and the eager update against torch.optim.Adam with clip_grad_norm_. The other tests run
+the eager path (conftest.TINY), so each script's compiled loss is checked here."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import ppo_continuous
+import spo_continuous
+
+import vaco_continuous
+
+SCRIPTS = [ppo_continuous, spo_continuous, vaco_continuous]  # TODO async
+script = pytest.mark.parametrize("module", SCRIPTS, ids=lambda m: m.__name__)
+
+
+def random_flat(obs_dim=11, act_dim=3, size=256, seed=0):
+    """A flattened batch with every field a script's minibatch loss may read."""
+    g = torch.Generator().manual_seed(seed)
+    return dict(obs=torch.randn(size, obs_dim, generator=g), actions=torch.randn(size, act_dim, generator=g),
+                logprobs=torch.randn(size, generator=g) - 3, advantages=torch.randn(size, generator=g),
+                returns=torch.randn(size, generator=g), values=torch.randn(size, generator=g),
+                proximal_logprobs=torch.randn(size, generator=g) - 3)
+
+
+def fresh(module, seed=0):
+    torch.manual_seed(seed)
+    agent = module.Agent(11, 3)
+    params = {name: p.detach() for name, p in agent.named_parameters()}
+    return agent, params, module.adam_state(params)
+
+
+@script
+def test_eager_update_is_adam_with_gradient_clipping(module):
+    # train_step's hand-written clipping and Adam against torch's own, step for step
+    agent, params, adam = fresh(module)
+    reference = module.Agent(11, 3)
+    reference.load_state_dict(agent.state_dict())
+    optimizer = torch.optim.Adam(reference.parameters(), lr=3e-3, eps=1e-5)
+    args, flat = module.Args(max_grad_norm=0.5), random_flat()
+    g = torch.Generator().manual_seed(1)
+    for _ in range(10):
+        indices = torch.randperm(256, generator=g)[:64]
+        module.train_step(params, adam, flat, indices, torch.tensor(3e-3), agent, args)
+        mb = {key: value[indices] for key, value in flat.items()}
+        loss, _ = module.minibatch_loss(dict(reference.named_parameters()), reference, mb, args)
+        optimizer.zero_grad()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), args.max_grad_norm)
+        optimizer.step()
+    assert norm > args.max_grad_norm  # the clip acted
+    for got, want in zip(agent.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert adam["step"].item() == 10
+
+
+@script
+def test_compiled_update_agrees_with_eager(module):
+    # Inductor fuses and reorders float operations, so the two agree to rounding, not bit for bit.
+    (agent, params, adam), (agent_eager, params_eager, adam_eager) = fresh(module), fresh(module)
+    args, flat = module.Args(), random_flat()
+    compiled = torch.compile(functools.partial(module.train_step, agent=agent, args=args), fullgraph=True)
+    eager = functools.partial(module.train_step, agent=agent_eager, args=args)
+    lr = torch.tensor(3e-4)
+    g = torch.Generator().manual_seed(1)
+    for step in range(6):
+        indices = torch.randperm(256, generator=g)[:64]
+        lr.fill_(3e-4 * (1 - step / 6))  # annealing: a new value, the same compiled program
+        stats, stats_eager = compiled(params, adam, flat, indices, lr), eager(params_eager, adam_eager, flat, indices, lr)
+        assert stats.keys() == stats_eager.keys()
+        for name in stats:
+            torch.testing.assert_close(stats[name], stats_eager[name], rtol=1e-4, atol=1e-5, msg=name)
+    for name in params:
+        torch.testing.assert_close(params[name], params_eager[name], rtol=1e-5, atol=1e-6)
+        assert not torch.equal(params[name], fresh(module)[1][name])  # it trained
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    torch._dynamo.reset()
+
+
+def test_a_failed_compile_says_so_and_runs_eagerly(monkeypatch, capsys):
+    def broken(fn, **kwargs):
+        def call(*args):
+            raise RuntimeError("InductorError: no working C++ compiler found\n(details)")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    calls = []
+    step = vaco_continuous.compile_train_step(lambda *args: calls.append(args) or "eager", enabled=True)
+    assert [step(1), step(2)] == ["eager", "eager"] and calls == [(1,), (2,)]
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one line, once
+    assert out.startswith("note: torch.compile failed (InductorError: no working C++ compiler found)")
+
+
+def test_the_compiled_run_learns_as_the_eager_one(train, capsys):
+    # a whole tiny run each way: the first update's losses agree to rounding
+    _, eager = train(vaco_continuous, exp_name="eager")
+    _, compiled = train(vaco_continuous, exp_name="compiled", compile=True)
+    assert "compiled the update step in" in capsys.readouterr().out
+    assert eager["charts/episodic_return"][:3] == compiled["charts/episodic_return"][:3]  # the same first rollout
+    for tag in ["losses/policy_loss", "losses/value_loss", "losses/approx_kl", "losses/filter_tv"]:
+        np.testing.assert_allclose(compiled[tag][0], eager[tag][0], rtol=1e-4, atol=1e-6, err_msg=tag)
