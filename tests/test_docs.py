@@ -198,7 +198,8 @@ def test_script_page_lists_every_option_with_its_default(script):
 
 def script_metrics(script):
     """Every TensorBoard tag the script logs: literal add_scalar tags, plus losses/<key> for the
-    per-minibatch `stats[key]` that one f"losses/{name}" loop logs."""
+    per-minibatch statistics (the keywords of `stats = dict(...)` and `stats.update(...)`, or
+    `stats["key"]`) that one f"losses/{name}" loop logs."""
     source = read(ROOT / script)
     calls = re.findall(r"add_scalar\(\s*(f?)\"([^\"]+)\"", source)
     tags = {tag for f, tag in calls if not f}
@@ -206,6 +207,13 @@ def script_metrics(script):
     assert formatted <= {"losses/{name}"}, f"{script} logs tags this test cannot read: {formatted}"
     if formatted:
         tags |= {f"losses/{key}" for key in re.findall(r'stats\["(\w+)"\]', source)}
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["stats"] \
+                    and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "dict":
+                tags |= {f"losses/{k.arg}" for k in node.value.keywords}
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
+                    and getattr(node.func.value, "id", None) == "stats":
+                tags |= {f"losses/{k.arg}" for k in node.keywords}
     return tags
 
 
