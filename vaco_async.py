@@ -1,36 +1,26 @@
 # VACO for continuous control (MuJoCo) with asynchronous actor processes and a learner on
 # torch.distributed (gloo). Single file, CleanRL style. Docs: docs/vaco_async.md
 """VACO (total Variation-based Advantage aligned Constrained policy Optimization), arXiv 2603.01365,
-whose actors are real processes that act with whatever weights they last received.
+whose actors are real processes that act with whatever policy they last received.
 
 ``vaco_continuous.py`` simulates policy lag with a buffer of policy snapshots; here the lag arises
 as in a distributed system. Rank 0 is the learner, ranks 1..N are actors, and they talk only
 through torch.distributed (gloo backend, CPU tensors, point-to-point after start-up):
 
-    actors, ranks 1..N                               learner, rank 0
-    num_envs/N envs each, acting with                comm thread, the one that calls torch.distributed:
-    the newest policy version received               recv(src=None) -> bounded queue -> training loop:
-                                                     num_actors segments = a batch -> VACO update ->
-                                                     publish version + 1
+    actor r (num_envs / N envs)                      learner (rank 0)
+    act with the newest version received  --- segment of num_steps steps --->  communication thread:
+    (its weights and observation                                                queue -> batch of N segments
+     statistics)                          <-- reply: [version, stop] --------   -> VACO update -> version + 1
+                                              (+ weights, if newer)
 
-    segment (num_steps steps)      -- isend ------>  queued; answered at once, or once the queue has
-                                                     room (a full queue holds the actors back)
-    next segment                   <-- reply ------  [version, stop], and if the actor's version is
-                                                     older, its weights + observation statistics
-
-Acting and learning overlap, so a segment can be several versions old when the learner uses it:
-its lag = learner version at use - behaviour version (time in the queue included). VACO answers
-that lag exactly as in ``vaco_continuous.py``:
-
-1. Advantage alignment (backward lag: the learner pi_T already differs from the behaviour policy
-   beta that acted). Once per update, before any gradient step, V-trace estimates the advantages
-   of pi_T from beta's data, with clipped importance ratios; the critic regresses on V-trace targets.
-2. TV filtering (forward lag: pi_theta drifts from beta over many minibatch steps). Per minibatch,
-   TV(pi_theta, beta) ~ 1/2 mean|r - 1|, r = pi_theta/beta. Above a threshold delta, every sample
-   whose update would increase the divergence (A and r - 1 of the same sign) has its gradient
-   detached. No ratio clipping.
-
-``diff vaco_continuous.py vaco_async.py`` shows the distributed machinery and nothing else.
+A segment waits in the queue while the learner trains, so it can be several versions old when it
+is used: its lag = learner version at use - the version that acted. A full queue holds the next
+reply back, so the actors wait: that bounds the lag. VACO answers the lag as in
+``vaco_continuous.py``: V-trace advantages of the learner's policy pi_T (advantage alignment), and
+per minibatch, once TV(pi_theta, beta) ~ 1/2 mean|r - 1| exceeds delta, no gradient from the
+samples whose update would move pi_theta further from beta (TV filtering). Everything but acting
+is that script's: ``diff vaco_continuous.py vaco_async.py`` shows the distributed machinery, and
+``--sync --num-actors 1`` trains exactly as ``vaco_continuous.py --policy-buffer 1``.
 
     python vaco_async.py --env-id Ant-v4 --num-actors 2    # the learner and 2 actor processes, here
     python vaco_async.py --env-id Hopper-v4 --sync          # lag 0 by construction (the baseline)
@@ -42,6 +32,8 @@ that lag exactly as in ``vaco_continuous.py``:
 import collections
 import datetime
 import difflib
+import functools
+import itertools
 import os
 import pickle
 import queue
@@ -88,22 +80,20 @@ class Args:
     checkpoint_every: int = 0
     """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
     resume: Optional[str] = None
-    """continue a run from a checkpoint it saved (weights, optimizer, normalisation, random stream,
-    step count and version) up to `--total-timesteps`; the episodes in flight are not saved, so the
-    actors start new ones. Logs go to a new run folder"""
+    """continue a run from a checkpoint it saved, up to `--total-timesteps` (the envs start new
+    episodes; the logs go to a new run folder)"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v4"
     """the id of the environment (a MuJoCo task, v4 or v5)"""
     total_timesteps: int = 1000000
-    """total timesteps of the experiments: env steps the learner takes from the actors, used or dropped"""
+    """total timesteps of the experiments"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel game environments in total, split evenly across the actors"""
+    """the number of parallel game environments in all, split evenly across the actors"""
     num_steps: int = 256
-    """the number of steps each env runs per segment (8 envs x 256 steps keeps CleanRL's batch of
-    2048 transitions: every update consumes num_actors segments, 2048 transitions in all)"""
+    """the number of steps each env runs per segment (8 x 256: CleanRL's batch of 2048 per update)"""
     anneal_lr: bool = True
     """Toggle learning rate annealing for policy and value networks"""
     gamma: float = 0.99
@@ -117,7 +107,10 @@ class Args:
     norm_adv: bool = True
     """Toggles advantages normalization (per minibatch)"""
     clip_coef: float = 0.2
-    """the surrogate clipping coefficient (used only by the `--no-tv-filter` ablation)"""
+    """the surrogate clipping coefficient (used only by the `--no-tv-filter` ablation and `--clip-vloss`)"""
+    clip_vloss: bool = False
+    """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets, and
+    the lag study's VACO numbers were measured without it (`--clip-vloss` with both ablations is PPO)"""
     ent_coef: float = 0.0
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -129,14 +122,11 @@ class Args:
 
     # VACO
     tv_threshold: float = 0.1
-    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it. 0.1 with the
-    behaviour reference won the lag study's sweep (delta 0.05/0.1/0.2 x both references, Hopper and
-    HalfCheetah, K 1 and 8, 3 seeds; 1M-step finalists): docs/results.md"""
+    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it (0.1 against the
+    behaviour policy: the choice of the lag study on Hopper and HalfCheetah, docs/results.md)"""
     tv_reference: Literal["behaviour", "proximal"] = "behaviour"
-    """the policy the TV filter measures against. behaviour: beta, the paper's rule (the TV then
-    holds backward and forward lag together); proximal: pi_T, the learner's policy at the start of
-    the update (Hilton et al. 2021), so the filter bounds only the forward drift while alignment
-    handles the backward lag. The surrogate's ratio stays pi_theta/beta either way; K = 1: equal"""
+    """what the TV filter measures against: beta, the paper's rule (backward and forward lag together),
+    or pi_T, the policy at the update's start (forward drift only); the ratio stays pi_theta/beta"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance ratios in the TD errors (rho-bar)"""
     c_bar: float = 1.0
@@ -152,23 +142,22 @@ class Args:
     num_actors: Optional[int] = None
     """actor processes, ranks 1..N (rank 0 learns); default 1, or WORLD_SIZE - 1 under torchrun"""
     sync: bool = False
-    """every update takes exactly one segment per actor, all acted with the current version (lag 0
-    by construction): the synchronous, deterministic baseline"""
+    """every update takes one segment per actor, all acted with the current version (lag 0)"""
     max_policy_lag: Optional[int] = None
-    """drop segments more than this many versions old when the learner takes them (default: keep all)"""
+    """drop segments more than this many versions old (they count in the statistics, not the budget)"""
     queue_batches: int = 1
-    """batches of segments the learner may hold waiting; a full queue holds the actors back (their
-    reply waits), which bounds the lag"""
+    """batches of segments the learner may hold; a full queue holds the actors back (bounds the lag)"""
     actor_delay_ms: float = 0.0
-    """lag on demand: actor r sleeps r x this many ms before sending each segment, so actors run at
-    different speeds, as on a real cluster, and the slower ones' segments arrive older"""
+    """lag on demand: actor r sleeps r x this many ms before sending each segment (stragglers)"""
     actor_timeout: float = 60.0
-    """seconds an actor may stay silent before the learner counts it lost; with no data at all for
-    that long the learner checkpoints and exits non-zero"""
+    """seconds an actor that owes the learner a segment may stay silent before it is counted lost"""
     stop_on_actor_loss: bool = False
     """stop (checkpoint, exit non-zero) when an actor is lost, instead of carrying on without it"""
     master_port: int = 0
     """local launch: the learner's rendezvous port on 127.0.0.1 (0: any free one); torchrun sets its own"""
+    compile: bool = True
+    """compile the minibatch update (loss, gradient, clipping, Adam) into one program (torch.compile;
+    paid once, at the first update); `--no-compile` runs the same function eagerly"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -184,18 +173,17 @@ def check_args(args: Args) -> None:
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
         if getattr(args, name) <= 0:
             sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("tv_threshold", "rho_bar", "c_bar", "actor_timeout"):
+    for name in ("tv_threshold", "rho_bar", "c_bar"):
         if getattr(args, name) <= 0:
             sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.num_actors < 1:
-        sys.exit(f"error: --num-actors must be >= 1, got {args.num_actors}")
+    for name, bad, rule in [("num_actors", args.num_actors < 1, ">= 1"), ("queue_batches", args.queue_batches < 1, ">= 1"),
+                            ("max_policy_lag", (args.max_policy_lag or 0) < 0, ">= 0"),
+                            ("actor_delay_ms", args.actor_delay_ms < 0, ">= 0"),
+                            ("actor_timeout", args.actor_timeout <= 0, "positive")]:
+        if bad:
+            sys.exit(f"error: --{name.replace('_', '-')} must be {rule}, got {getattr(args, name)}")
     if args.num_envs % args.num_actors:
         sys.exit(f"error: --num-envs {args.num_envs} cannot be split evenly across {args.num_actors} actors")
-    if args.queue_batches < 1:
-        sys.exit(f"error: --queue-batches must be >= 1, got {args.queue_batches}")
-    for name in ("max_policy_lag", "actor_delay_ms"):
-        if (getattr(args, name) or 0) < 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if not 0 <= args.master_port < 65536:
         sys.exit(f"error: --master-port must be a port number (0 for any free one), got {args.master_port}")
     if args.eval_episodes < 0:
@@ -265,6 +253,7 @@ class RunningMeanStd:
         self.count = 1e-4
 
     def update(self, x):
+        x = np.asarray(x, dtype=np.float64)  # float64 sums, whatever the observations' dtype
         batch_mean, batch_var, batch_count = x.mean(0), x.var(0), x.shape[0]
         delta = batch_mean - self.mean
         total = self.count + batch_count
@@ -297,9 +286,7 @@ class RewardScaler:
         self.gamma, self.clip = gamma, clip
 
     def __call__(self, rewards, dones, envs=slice(None)):
-        # `envs`: which of the envs these rewards come from (the learner scales each actor's envs
-        # with the one set of statistics)
-        returns = self.returns[envs]  # a view: updated in place
+        returns = self.returns[envs]  # `envs`: the envs these rewards come from (a view, updated in place)
         returns[:] = returns * self.gamma + rewards
         self.return_rms.update(returns)
         returns[dones] = 0.0  # a new episode starts a new discounted return
@@ -344,6 +331,10 @@ class Agent(nn.Module):
 
     def get_value(self, obs):
         return self.critic(obs).squeeze(-1)
+
+    def forward(self, obs):
+        """(action mean, action log-std, value) of a batch of observations."""
+        return *self.actor(obs), self.get_value(obs)
 
 
 def gaussian_logprob(action, mean, logstd):
@@ -472,6 +463,111 @@ def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, ref
 # --8<-- [end:vaco_policy_loss]
 
 
+# --8<-- [start:minibatch_loss]
+def minibatch_loss(params, agent, mb, args):
+    """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
+    `agent`), so that torch.func can differentiate it. Returns (loss, {statistic: value} to log)."""
+    mean, logstd, newvalue = torch.func.functional_call(agent, params, (mb["obs"],))
+    newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
+    entropy = gaussian_entropy(logstd)
+
+    mb_advantages = mb["advantages"]
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss: TV filtering (no ratio clipping)
+    if args.tv_filter:
+        reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
+        pg_loss, tv, filtered_fraction = vaco_policy_loss(
+            newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
+        )
+    else:  # ablation: PPO's clipped surrogate
+        pg_loss, _ = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+    logratio = newlogprob - mb["logprobs"]
+    ratio = logratio.exp()
+    # k3 estimator of KL(behaviour || policy) from behaviour samples: (r - 1) - log r
+    kl = ((ratio - 1) - logratio).mean()
+
+    # Value loss: regression on the V-trace targets
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+        v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+    stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss, old_approx_kl=(-logratio).mean(),
+                 approx_kl=kl, clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+                 tv_divergence=0.5 * (ratio - 1).abs().mean())
+    if args.tv_filter:  # filter_tv: the TV compared with delta
+        stats.update(filtered_fraction=filtered_fraction, filter_on_fraction=(tv > args.tv_threshold).float(),
+                     filter_tv=tv)
+    return loss, {name: value.detach() for name, value in stats.items()}
+# --8<-- [end:minibatch_loss]
+
+
+# --8<-- [start:train_step]
+def adam_state(params):
+    """Adam's state for `params`: the step count t and the moment estimates m and v."""
+    return {"step": torch.zeros((), device=next(iter(params.values())).device),
+            "exp_avg": {name: torch.zeros_like(p) for name, p in params.items()},
+            "exp_avg_sq": {name: torch.zeros_like(p) for name, p in params.items()}}
+
+
+def train_step(params, adam, flat, indices, lr, agent, args):
+    """One optimiser step on the minibatch flat[indices]: the gradient of the loss, clipped by its
+    global norm, then Adam. Updates `params` (the agent's parameters) and `adam` in place and
+    returns the minibatch's statistics. One function of tensors in and out, so that torch.compile
+    can make it one program; `lr` is a tensor, so annealing it does not recompile."""
+    mb = {key: value[indices] for key, value in flat.items()}
+    grads, stats = torch.func.grad(minibatch_loss, has_aux=True)(params, agent, mb, args)
+
+    # gradient clipping: g <- g * min(1, max_grad_norm / ||g||), ||g|| over all parameters
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+    scale = torch.clamp(args.max_grad_norm / (norm + 1e-6), max=1.0)
+
+    # Adam (as torch.optim.Adam, eps = 1e-5): t <- t + 1,  m <- b1 m + (1 - b1) g,
+    # v <- b2 v + (1 - b2) g^2,  p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    beta1, beta2, eps = 0.9, 0.999, 1e-5
+    adam["step"].add_(1)
+    for name, p in params.items():
+        g = grads[name] * scale
+        m = adam["exp_avg"][name].mul_(beta1).add_((1 - beta1) * g)
+        v = adam["exp_avg_sq"][name].mul_(beta2).add_((1 - beta2) * g * g)
+        p.sub_(lr * (m / (1 - beta1 ** adam["step"])) / ((v / (1 - beta2 ** adam["step"])).sqrt() + eps))
+    return stats
+# --8<-- [end:train_step]
+
+
+def compile_train_step(step, enabled):
+    """torch.compile(step), which compiles at its first call (once per run); where compiling is
+    impossible (no C++ compiler, an unsupported platform) it says so in one line and `step` runs
+    eagerly from then on. `enabled` False: `step` itself."""
+    if not enabled:
+        return step
+    compiled, chosen = torch.compile(step, fullgraph=True), []
+
+    def run(*args):
+        if not chosen:
+            start = time.time()
+            try:
+                out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
+                print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
+                chosen.append(compiled)
+                return out
+            except Exception as error:
+                print(f"note: torch.compile failed ({str(error).strip().splitlines()[0][:200]}); the update runs "
+                      "eagerly", flush=True)
+                chosen.append(step)
+        return chosen[0](*args)
+
+    return run
+
+
 def save_checkpoint(path, state):
     """`state` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
     if os.path.exists(path):  # the run directory is new, so this only guards against misuse
@@ -489,6 +585,16 @@ def load_checkpoint(path):
                  "(a pickled object, which could run code)")
     except Exception as error:  # a truncated or foreign file
         sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
+
+
+def load_adam_state(adam, saved):
+    """Copy a checkpoint's Adam state into `adam` (in place: the update step holds these tensors)."""
+    adam["step"].copy_(saved["step"])
+    for moment in ("exp_avg", "exp_avg_sq"):
+        if saved[moment].keys() != adam[moment].keys():
+            raise KeyError(f"its optimizer state holds {sorted(saved[moment])}, not {sorted(adam[moment])}")
+        for name, value in saved[moment].items():
+            adam[moment][name].copy_(value)
 
 
 def load_agent(path, obs_dim, act_dim):
@@ -522,11 +628,9 @@ def format_eta(seconds):
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
-# --- Messages -----------------------------------------------------------------------------------
-# Every message is a fixed-size float32 tensor: a receiver must post a buffer of the right size,
-# and both sides derive the sizes from the same settings (the learner's, sent at start-up).
-# Integers stored in float32 are exact below 2^24 (versions, segment numbers, ranks, lengths).
-# Tags keep the three kinds of message apart on each actor-learner pair.
+# --- Messages: each one float64 tensor of a size both sides derive from the learner's settings ---
+# (a receiver posts a buffer of the right size). float64 carries the float32 weights, the raw
+# observations, the statistics and integers exactly. Tags keep the three kinds apart.
 # --8<-- [start:messages]
 REPLY_TAG, WEIGHTS_TAG, SEGMENT_TAG = 1, 2, 3
 CONTINUE, STOP, DISMISSED = 0, 1, 2  # reply codes: act on; the run is over; you were counted lost
@@ -534,57 +638,43 @@ CONTINUE, STOP, DISMISSED = 0, 1, 2  # reply codes: act on; the run is over; you
 
 class SegmentLayout:
     """A segment, what an actor sends after `num_steps` steps of its `num_envs` envs, as one flat
-    float32 message. Observations are raw and rewards unscaled: the learner owns the statistics. It
-    normalises observations with those of its current version (the ones the actor acted with, when
-    the segment's lag is 0) and scales rewards with one set of return statistics for all envs."""
-
-    HEADER = ("actor", "index", "version", "episodes", "wait_time", "run_time")
+    message: the transitions as it acted on them (observations normalised with its statistics of
+    the moment), the raw observations it folded into those statistics (the learner folds in the
+    same), and its action-noise generator's state (a resumed run continues it). Header: actor rank,
+    segment number, behaviour version, 1 if the envs were just reset, seconds spent waiting on the
+    learner and since the actor started."""
 
     def __init__(self, num_steps, num_envs, obs_dim, act_dim):
-        T, n = num_steps, num_envs
-        self.shapes = {
-            # actor rank, segment number, behaviour version, episodes finished in the segment,
-            # the actor's seconds spent waiting for replies, and since it started
-            "header": (len(self.HEADER),),
-            "obs": (T, n, obs_dim),  # s_t
-            "next_obs": (T, n, obs_dim),  # s_{t+1}: the episode's final observation where it ended at t
-            "actions": (T, n, act_dim),  # a_t as sampled (the env received it clipped)
-            "logprobs": (T, n),  # log beta(a_t | s_t)
-            "rewards": (T, n),
-            "terminations": (T, n),
-            "truncations": (T, n),
-            "episode_returns": (T, n),  # where an episode ended at t: its return and length; else 0
-            "episode_lengths": (T, n),
-        }
-        self.size = sum(int(np.prod(shape)) for shape in self.shapes.values())
-        self.steps = T * n
+        T, n, rng = num_steps, num_envs, torch.Generator().get_state().numel()
+        self.shapes = dict(header=(6,), obs=(T, n, obs_dim), next_obs=(T, n, obs_dim), reset_obs=(n, obs_dim),
+                           raw_obs=(T, n, obs_dim), actions=(T, n, act_dim), logprobs=(T, n), rewards=(T, n),
+                           terminations=(T, n), truncations=(T, n), episode_returns=(T, n),
+                           episode_lengths=(T, n), rng_state=(rng,))
+        self.size, self.steps = sum(int(np.prod(shape)) for shape in self.shapes.values()), T * n
 
     def views(self, message):
         """{field: numpy array viewing `message`}: writing a field writes the message (no packing copy)."""
-        fields, start, flat = {}, 0, message.numpy()
+        fields, start = {}, 0
         for name, shape in self.shapes.items():
-            size = int(np.prod(shape))
-            fields[name] = flat[start : start + size].reshape(shape)
-            start += size
+            fields[name] = message.numpy()[start : start + int(np.prod(shape))].reshape(shape)
+            start += int(np.prod(shape))
         return fields
 
 
 def pack_policy(actor, obs_rms):
-    """What an actor needs to act, as one new float32 tensor: the actor network's parameters, then
-    the observation mean and variance it normalises with. They travel together under one version:
-    otherwise the behaviour log-probs stop matching the policy the learner evaluates."""
-    parameters = nn.utils.parameters_to_vector(actor.parameters()).detach().cpu()
-    statistics = torch.as_tensor(np.concatenate([obs_rms.mean, obs_rms.var]), dtype=torch.float32)
-    return torch.cat([parameters, statistics])
+    """What an actor needs to act, as one new tensor: the actor's parameters and the observation
+    statistics, together under one version (with other statistics the behaviour log-probs would
+    not be those of the policy the learner evaluates)."""
+    parameters = nn.utils.parameters_to_vector(actor.parameters()).detach().cpu().double()
+    return torch.cat([parameters, torch.as_tensor(np.concatenate([obs_rms.mean, obs_rms.var, [obs_rms.count]]))])
 
 
-def unpack_policy(weights, obs_dim):
-    """The inverse of `pack_policy`: (the actor's parameters as one vector, the observation
-    statistics rounded to float32 as sent; the learner normalises with the very same)."""
-    statistics = weights[-2 * obs_dim :].double().numpy()
-    obs_rms = RunningMeanStd((obs_dim,))
-    obs_rms.mean, obs_rms.var = statistics[:obs_dim], statistics[obs_dim:]
-    return weights[: -2 * obs_dim], obs_rms
+def unpack_policy(weights, actor, obs_rms):
+    """The inverse of `pack_policy`, into `actor` and `obs_rms`."""
+    d = obs_rms.mean.shape[0]
+    nn.utils.vector_to_parameters(weights[: -2 * d - 1].float(), actor.parameters())
+    statistics = weights[-2 * d - 1 :].numpy().copy()  # a copy: `weights` is the next receive's buffer
+    obs_rms.mean, obs_rms.var, obs_rms.count = statistics[:d], statistics[d:-1], float(statistics[-1])
 # --8<-- [end:messages]
 
 
@@ -592,277 +682,317 @@ def unpack_policy(weights, obs_dim):
 
 # --8<-- [start:collect_segment]
 @torch.inference_mode()
-def collect_segment(envs, actor, obs_rms, raw_obs, segment, generator):
-    """Step the envs `num_steps` times with `actor`, writing every field of `segment` but its header
-    in place. Observations are stored raw and normalised only to act. Returns the observation to
-    continue from."""
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    segment["episode_returns"][:] = 0.0
-    segment["episode_lengths"][:] = 0.0
+def collect_segment(envs, actor, obs_rms, current_obs, segment, generator):
+    """Step the envs `num_steps` times with `actor` as vaco_continuous.py's rollout does (observation
+    statistics updated at every step), writing the transitions into `segment`. Returns the
+    normalised observation to continue from."""
+    segment["episode_returns"][:] = segment["episode_lengths"][:] = 0.0
     for step in range(segment["obs"].shape[0]):
-        segment["obs"][step] = raw_obs
-        # act on the observation as sent (float32), so that the learner evaluates the very same input
-        action, logprob = act(actor, torch.as_tensor(normalize_obs(segment["obs"][step], obs_rms)), generator)
+        segment["obs"][step] = current_obs
+        action, logprob = act(actor, torch.as_tensor(current_obs), generator)
         segment["actions"][step], segment["logprobs"][step] = action.numpy(), logprob.numpy()
 
         # TRY NOT TO MODIFY: execute the game and log data.
         raw_obs, reward, termination, truncation, infos = envs.step(
-            np.clip(segment["actions"][step], action_low, action_high)
+            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
         )
-        segment["rewards"][step] = reward
-        segment["terminations"][step], segment["truncations"][step] = termination, truncation
-        segment["next_obs"][step] = with_final_obs(raw_obs, infos)
-        for i in np.flatnonzero(infos.get("_episode", [])):
-            segment["episode_returns"][step, i] = infos["episode"]["r"][i]
-            segment["episode_lengths"][step, i] = infos["episode"]["l"][i]
-    return raw_obs
+        done = termination | truncation
+        segment["rewards"][step], segment["terminations"][step], segment["truncations"][step] = reward, termination, truncation
+        segment["raw_obs"][step] = raw_obs
+        obs_rms.update(raw_obs)
+        current_obs = normalize_obs(raw_obs, obs_rms)
+        segment["next_obs"][step] = current_obs
+        if done.any():
+            segment["next_obs"][step] = normalize_obs(with_final_obs(raw_obs, infos), obs_rms)
+            for i in np.flatnonzero(infos["_episode"]):
+                segment["episode_returns"][step, i] = infos["episode"]["r"][i]
+                segment["episode_lengths"][step, i] = infos["episode"]["l"][i]
+    return current_obs
 # --8<-- [end:collect_segment]
 
 
 # --8<-- [start:run_actor]
-def run_actor(rank, args, run_name):
-    """One actor: receive the newest policy, step the envs for a segment, send it, and so on until
-    the learner says stop. Returns the exit code. Every torch.distributed call of an actor is here."""
+def run_actor(rank, args, run_name, rng_state=None):
+    """One actor: wait for the answer to its last segment (the first time: the initial policy),
+    take the newer policy if one came, step the envs for a segment and send it; until told to stop.
+    Every torch.distributed call of an actor is here. `rng_state`: where a resumed run's noise goes on."""
     num_envs = args.num_envs // args.num_actors
     envs = make_envs(replace(args, num_envs=num_envs, capture_video=args.capture_video and rank == 1), run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
-    actor = Actor(obs_dim, act_dim).requires_grad_(False)
-    generator = torch.Generator().manual_seed(args.seed + rank)  # this actor's action noise
-    layout = SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim)
-    # Two segment buffers, as a pipelined actor needs: gloo may read a buffer until wait() on its
-    # send returns, so a buffer is reused only after that. (Here the learner answers a segment only
-    # once it has received it, so that wait() returns at once.)
-    buffers = [torch.zeros(layout.size), torch.zeros(layout.size)]
-    sends = [None, None]
-    reply = torch.zeros(2)  # [version, code]
-    weights = pack_policy(actor, RunningMeanStd((obs_dim,)))  # a buffer of the right size
+    actor, obs_rms = Actor(obs_dim, act_dim).requires_grad_(False), RunningMeanStd((obs_dim,))
+    generator = torch.Generator().manual_seed(args.seed + rank)  # actor 1: vaco_continuous.py's stream
+    if rng_state is not None:
+        generator.set_state(rng_state)
+    message = torch.zeros(SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim).size, dtype=torch.float64)
+    segment = SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim).views(message)
+    reply, weights = torch.zeros(2, dtype=torch.float64), pack_policy(actor, obs_rms)  # receive buffers
 
     # The synchronous script's envs, split across actors: env i of actor r has seed seed + (r-1)*n + i.
     raw_obs, _ = envs.reset(seed=args.seed + (rank - 1) * num_envs)
-    envs.action_space.seed(args.seed + rank)
-    version, index, wait_time, start = -1, 0, 0.0, time.time()
-    while True:
+    version, wait_time, start = -1, 0.0, time.time()
+    for index in itertools.count():
         waiting_since = time.time()
-        dist.recv(reply, src=0, tag=REPLY_TAG)  # the answer to the last segment (first: the initial policy)
+        dist.recv(reply, src=0, tag=REPLY_TAG)
         if reply[1] != CONTINUE:
             break
         if reply[0] > version:  # a newer version: its weights and statistics follow
             dist.recv(weights, src=0, tag=WEIGHTS_TAG)
-            parameters, obs_rms = unpack_policy(weights, obs_dim)
-            nn.utils.vector_to_parameters(parameters.clone(), actor.parameters())  # clone: `weights` is reused
+            unpack_policy(weights, actor, obs_rms)
             version = int(reply[0])
         wait_time += time.time() - waiting_since
-
-        slot = index % 2
-        if sends[slot] is not None:
-            sends[slot].wait()
-        segment = layout.views(buffers[slot])
-        raw_obs = collect_segment(envs, actor, obs_rms, raw_obs, segment, generator)
-        episodes = np.count_nonzero(segment["episode_lengths"])
-        segment["header"][:] = [rank, index, version, episodes, wait_time, time.time() - start]
+        if index == 0:  # the reset's observations count in the statistics, as in vaco_continuous.py
+            segment["reset_obs"][:] = raw_obs
+            obs_rms.update(raw_obs)
+            current_obs = normalize_obs(raw_obs, obs_rms)
+        current_obs = collect_segment(envs, actor, obs_rms, current_obs, segment, generator)
+        segment["header"][:] = [rank, index, version, index == 0, wait_time, time.time() - start]
+        segment["rng_state"][:] = generator.get_state().numpy()
         time.sleep(rank * args.actor_delay_ms / 1000)  # --actor-delay-ms: stragglers on demand
-        sends[slot] = dist.isend(buffers[slot], dst=0, tag=SEGMENT_TAG)
-        index += 1
-
-    for work in sends:  # wait on every send before leaving, or the learner sees a closed connection
-        if work is not None:
-            work.wait()
+        waiting_since = time.time()
+        dist.send(message, dst=0, tag=SEGMENT_TAG)  # returns once the learner has taken it
+        wait_time += time.time() - waiting_since
     envs.close()
     if reply[1] == DISMISSED:
-        print(f"actor {rank}: the learner had counted this actor lost and dismissed it", file=sys.stderr)
-        return 1
-    return 0
+        print(f"actor {rank}: the learner counted this actor lost and carries on without it", file=sys.stderr)
 # --8<-- [end:run_actor]
 
 
 def actor_process(rank, world_size, args, port=None):
-    """Entry point of an actor process: spawned by the learner (`port`: its store on 127.0.0.1) or
-    started by torchrun. Exits 0 when the learner stops it, non-zero when the learner is gone."""
-    # Ctrl-C reaches every process of the terminal: the learner decides, and then tells the actors.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """An actor process, started by torchrun or spawned by the learner (`port`: its store on
+    127.0.0.1): exits 0 when the learner stops or dismisses it, 1 when the learner is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole terminal: the learner decides
+    timeout = process_group_timeout(args)
     try:
-        join_process_group(rank, world_size, args, port)
-        run_name, learner_args = startup_exchange()
-        code = run_actor(rank, Args(**learner_args), run_name)
+        store = None if port is None else dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+        run_name, learner_args, rng_states = startup_exchange()
+        run_actor(rank, Args(**learner_args), run_name, rng_states.get(rank))
         dist.destroy_process_group()
     except RuntimeError as e:  # gloo's, when the learner is gone: "Connection closed by peer", a timeout
-        print(f"error: actor {rank} stopped: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
-        code = 1
-    sys.exit(code)
+        sys.exit(f"error: actor {rank} stopped: {str(e).splitlines()[0]}")
+    sys.exit(0)
 
 
 # --- Learner ------------------------------------------------------------------------------------
 
 # --8<-- [start:learner_comm]
 class LearnerComm(threading.Thread):
-    """The learner's communication thread, its only caller of torch.distributed (one thread per
-    process; `Work.wait` releases the GIL, so training goes on meanwhile).
+    """The learner's communication thread, its only caller of torch.distributed (`Work.wait`
+    releases the GIL, so training goes on meanwhile), and the one place that knows which actors
+    are alive. It receives segments from any actor, queues them for the training loop and answers
+    each with [version, code] (+ the newest weights if the actor's are older). A full queue delays
+    the answer, so the actor waits: backpressure that bounds the lag. With `sync` it answers once
+    every actor's segment is in and the version trained on them is published.
 
-    It receives segments from any actor (`recv` with `src=None` returns the sender's rank), hands
-    them to the training loop through a bounded queue, and answers each with [version, code] and,
-    if the actor's version is older, the newest weights. While the queue is full the answer waits,
-    so the actor waits: backpressure that bounds the lag. With `sync` it collects one segment from
-    every actor and answers them all once the learner has published the version trained on them.
+    gloo work cannot be polled and a timed-out `wait` closes every connection, so liveness is our
+    own: an actor that owes us a segment (we answered it) and stays silent for --actor-timeout s of
+    *listening* is lost. The listening clock stops while this thread blocks on the full queue or
+    waits for a version (no segment can arrive then): a long update never makes actors look silent."""
 
-    gloo point-to-point work cannot be polled (`is_completed()` turns true only inside `wait()`),
-    and a `wait` that times out closes every connection of the group. So liveness is ours: the
-    training loop watches `last_heard` and counts silent actors lost; a reply send is waited on
-    only once its actor has sent again (so it has received it)."""
-
-    def __init__(self, actors, segment_size, queue_size, sync, version, weights):
+    def __init__(self, actors, layout, queue_size, sync, version, weights):
         super().__init__(name="learner-comm", daemon=True)  # daemon: a receive that never returns cannot hold the exit
-        self.actors, self.segment_size, self.sync = list(actors), segment_size, sync
+        self.actors, self.layout, self.sync = list(actors), layout, sync
         self.segments = queue.Queue(maxsize=queue_size)
-        self.changed = threading.Condition()  # guards the state below; notified on publish and stop
-        self.published = (version, weights)
-        self.replied_version = version  # the version of the last answers (--sync: all actors got it)
+        self.lock = threading.Condition(threading.RLock())  # guards the state below; notified on publish and stop
+        self.published, self.replied_version = (version, weights), version
         self.sent_version = dict.fromkeys(self.actors, -1)  # the version of the weights each actor holds
         self.pending = {actor: [] for actor in self.actors}  # reply sends not waited on yet
-        self.awaiting_reply = set()  # actors whose segment arrived and is not answered yet
-        self.last_heard = dict.fromkeys(self.actors, time.time())
-        self.lost = {}  # rank -> reason
-        self.dismissed = set()  # actors told to stop
-        self.received = 0
-        self.stopping = False
-        self.error = None
+        self.deaf_time, self.deaf_since = 0.0, None
+        self.awaiting_reply, self.heard = set(), dict.fromkeys(self.actors, self.listening())  # on the listening clock
+        self.lost, self.stopped = {}, set()  # rank -> reason; the actors told STOP or DISMISSED
+        self.received = self.failures = 0
+        self.stopping, self.error = False, None
 
-    def publish(self, version, weights):
-        """Swap in a new version: a new tensor, never written in place (a send may still read the old one)."""
-        with self.changed:
-            self.published = (version, weights)
-            self.changed.notify_all()
+    def listening(self):
+        """The listening clock: seconds this thread has been able to receive."""
+        now = time.monotonic()
+        return now - self.deaf_time - (now - self.deaf_since if self.deaf_since is not None else 0.0)
 
-    def stop(self):
-        """Every actor gets STOP with its next answer."""
-        with self.changed:
-            self.stopping = True
-            self.changed.notify_all()
-
-    def mark_lost(self, actor, reason):
-        with self.changed:
-            self.lost.setdefault(actor, reason)
+    def deaf(self, wait):
+        """Run `wait()`, which blocks without receiving, with the listening clock stopped."""
+        self.deaf_since = time.monotonic()
+        try:
+            return wait()
+        finally:
+            self.deaf_time, self.deaf_since = self.deaf_time + time.monotonic() - self.deaf_since, None
 
     def live(self):
-        with self.changed:
-            return [actor for actor in self.actors if actor not in self.lost]
+        with self.lock:
+            return [actor for actor in self.actors if actor not in self.lost and actor not in self.stopped]
 
-    def silent(self, timeout):
-        """Live actors not heard from (a segment, or our answer) for `timeout` s, other than those
-        waiting for an answer from us."""
-        now = time.time()
-        with self.changed:
-            return [a for a in self.live() if a not in self.awaiting_reply and now - self.last_heard[a] > timeout]
+    def watch(self, processes, timeout):
+        """Count actors lost: their process exited (local launch), or they owe us a segment and were
+        silent for `timeout` s of listening. Returns the newly lost {rank: reason}."""
+        clock, new = self.listening(), {}
+        with self.lock:
+            for actor in self.live():
+                if actor in processes and processes[actor].exitcode is not None:
+                    new[actor] = f"its process exited with code {processes[actor].exitcode}"
+                elif actor not in self.awaiting_reply and clock - self.heard[actor] > timeout:
+                    new[actor] = f"silent for more than --actor-timeout {timeout:g} s"
+            self.lost.update(new)
+        return new
+
+    def publish(self, version, weights=None, stop=False):
+        """Swap in a new version (a new tensor: a send may still read the old one), or with `stop`,
+        make every live actor's next answer STOP."""
+        with self.lock:
+            self.published = (version, weights) if weights is not None else self.published
+            self.stopping = self.stopping or stop
+            self.lock.notify_all()
 
     def run(self):
         try:
-            self.serve()
-        except Exception as e:  # a receive failed: the group is unusable; the training loop stops
+            for actor in self.actors:  # the initial (or resumed) policy
+                self.reply(actor)
+            # Two receives from any actor always posted: a dead actor's closing connection then fails
+            # one of them, once. (Detected while none is posted, it would fail every later one.)
+            posted = collections.deque(self.post() for _ in range(2))
+            while self.live():
+                message, work = posted.popleft()
+                try:
+                    work.wait()
+                    self.failures = 0
+                except RuntimeError:  # that dead actor's connection: the others carry on
+                    self.failures += 1
+                    if self.failures > 2 * len(self.actors):  # every receive fails: the group is broken
+                        raise
+                    message = None
+                posted.append(self.post())
+                if message is not None:
+                    self.receive(message)
+            for actor in self.stopped - set(self.lost):  # let the STOP sends finish before the group goes
+                for work in self.pending[actor]:
+                    work.wait()
+        except Exception as e:  # the group is unusable: the training loop stops
             self.error = e
 
-    def serve(self):
-        for actor in self.actors:  # the initial (or resumed) policy
+    def post(self):
+        message = torch.empty(self.layout.size, dtype=torch.float64)  # a new tensor per segment: the queue keeps it
+        return message, dist.irecv(message, src=None, tag=SEGMENT_TAG)
+
+    def receive(self, message):
+        actor = int(message[0])  # the header's first field: the sender's rank
+        with self.lock:
+            self.received += 1
+            self.heard[actor] = self.listening()
+            self.awaiting_reply.add(actor)
+        if self.stopping or actor in self.lost or not self.deaf(lambda: self.put(message)):
+            self.reply(actor)  # STOP (the run is over) or DISMISSED (it was counted lost)
+        elif not self.sync:
             self.reply(actor)
-        while any(actor not in self.dismissed for actor in self.live()):
-            message = torch.empty(self.segment_size)  # a new tensor per segment: the queue keeps it
-            actor = dist.recv(message, src=None, tag=SEGMENT_TAG)
-            with self.changed:
-                self.received += 1
-                self.awaiting_reply.add(actor)
-                self.last_heard[actor] = time.time()
-            if self.stopping or actor in self.lost or not self.put(message):
-                self.reply(actor)  # STOP (the run is over) or DISMISSED (it was counted lost)
-            elif not self.sync:
-                self.reply(actor)
-            elif self.awaiting_reply >= set(self.live()):  # --sync: every actor's segment is in
-                with self.changed:
-                    self.changed.wait_for(lambda: self.published[0] > self.replied_version or self.stopping)
-                for waiting in sorted(self.awaiting_reply):
-                    self.reply(waiting)
-        for actor in self.dismissed - set(self.lost):  # they received STOP; let the sends finish
-            for work in self.pending[actor]:
-                work.wait()
+        elif self.awaiting_reply >= set(self.live()):  # --sync: every live actor's segment is in
+            with self.lock:
+                self.deaf(lambda: self.lock.wait_for(lambda: self.published[0] > self.replied_version or self.stopping))
+            for waiting in sorted(self.awaiting_reply):
+                self.reply(waiting)
 
     def put(self, message):
         """Queue a segment, blocking while the queue is full; False if the run stops meanwhile."""
         while not self.stopping:
             try:
-                self.segments.put(message, timeout=0.1)
-                return True
+                return self.segments.put(message, timeout=0.1) or True
             except queue.Full:
                 pass
         return False
 
     def reply(self, actor):
         """Answer `actor`: [version, code], then the weights if it holds an older version."""
-        with self.changed:
-            version, weights = self.published
-            code = DISMISSED if actor in self.lost else STOP if self.stopping else CONTINUE
+        with self.lock:
+            (version, weights), code = self.published, DISMISSED if actor in self.lost else STOP if self.stopping else CONTINUE
             self.awaiting_reply.discard(actor)
-            self.last_heard[actor] = time.time()  # its silence counts from now
-            self.replied_version = version
+            self.heard[actor], self.replied_version = self.listening(), version  # its silence counts from now
+            if code != CONTINUE:
+                self.stopped.add(actor)
         try:
             for work in self.pending[actor]:  # it has sent a segment since, so it received these
                 work.wait()
-            self.pending[actor] = [dist.isend(torch.tensor([float(version), float(code)]), actor, tag=REPLY_TAG)]
+            self.pending[actor] = [dist.isend(torch.tensor([version, code], dtype=torch.float64), actor, tag=REPLY_TAG)]
             if code == CONTINUE and version > self.sent_version[actor]:
                 self.pending[actor].append(dist.isend(weights, actor, tag=WEIGHTS_TAG))
                 self.sent_version[actor] = version
         except RuntimeError as e:  # its connection is gone: the process died
             self.pending[actor] = []
-            self.mark_lost(actor, f"connection lost ({str(e).splitlines()[0]})")
-            return
-        if code != CONTINUE:
-            self.dismissed.add(actor)
+            with self.lock:
+                self.lost.setdefault(actor, f"connection lost ({str(e).splitlines()[0]})")
 # --8<-- [end:learner_comm]
 
 
-class RunStopped(Exception):
-    """The learner stops before its budget: why (the message) and the exit code."""
-
-    def __init__(self, message, code):
-        super().__init__(message)
-        self.code = code
-
-
-# --8<-- [start:watch_actors]
-def watch_actors(comm, processes, args, reported):
-    """Count actors lost: a process that exited (local launch) or silence beyond --actor-timeout.
-    Prints each loss once; raises RunStopped when the run cannot or should not go on."""
-    for rank, process in processes.items():
-        if process.exitcode is not None:
-            comm.mark_lost(rank, f"its process exited with code {process.exitcode}")
-    for rank in comm.silent(args.actor_timeout):
-        comm.mark_lost(rank, f"silent for more than --actor-timeout {args.actor_timeout:g} s")
-    with comm.changed:
-        new = {rank: reason for rank, reason in comm.lost.items() if rank not in reported}
-    for rank, reason in new.items():
-        reported.add(rank)
-        print(f"actor {rank} lost: {reason}", flush=True)
-    if comm.error is not None:
-        raise RunStopped(f"communication failed: {str(comm.error).splitlines()[0]}", 1)
-    if not comm.live():
-        raise RunStopped("no actor left", 1)
-    if new and (args.stop_on_actor_loss or args.sync):
-        why = "--stop-on-actor-loss" if args.stop_on_actor_loss else "--sync needs every actor"
-        raise RunStopped(f"actor {', '.join(map(str, new))} lost ({why})", 1)
-
-
-def next_segment(comm, check):
-    """The next segment from the queue. While waiting, `check()` runs every 0.1 s: it watches the
-    actors and the stop request, and raises RunStopped."""
-    while True:
-        check()
+# --8<-- [start:take_batch]
+def take_batch(comm, num_segments, max_lag, version, stop_reason):
+    """Segments from the queue until `num_segments` of them are at most `max_lag` versions old
+    (older ones come too: they count in the statistics, not the batch), in actor order, so that a
+    --sync batch is processed alike in every run. Returns (segments, None), or (None, why) as soon
+    as `stop_reason()`, asked every 0.1 s while waiting, gives a reason."""
+    segments, kept = [], 0
+    while kept < num_segments:
+        if why := stop_reason():
+            return None, why
         try:
-            return comm.segments.get(timeout=0.1)
+            segments.append(comm.layout.views(comm.segments.get(timeout=0.1)))
         except queue.Empty:
-            pass
-# --8<-- [end:watch_actors]
+            continue
+        kept += max_lag is None or version - segments[-1]["header"][2] <= max_lag
+    return sorted(segments, key=lambda segment: tuple(segment["header"][:2])), None
+
+
+def absorb_segment(segment, reward_scaler, obs_rms, envs_per_actor, actors):
+    """What the learner does with every segment it takes, used or not: scale the rewards with its
+    one set of return statistics (each env in step order), fold the observations the actor saw into
+    the learner's statistics in the actor's order (so one actor's are exactly its own), and note the
+    actor's noise generator, steps and waiting in `actors`. Returns the episodes that ended in it."""
+    actor, dones = int(segment["header"][0]), (segment["terminations"] + segment["truncations"]) > 0
+    for step in range(segment["rewards"].shape[0]):
+        segment["rewards"][step] = reward_scaler(segment["rewards"][step], dones[step],
+                                                 slice((actor - 1) * envs_per_actor, actor * envs_per_actor))
+    for raw_obs in ([segment["reset_obs"]] if segment["header"][3] else []) + list(segment["raw_obs"]):
+        obs_rms.update(raw_obs)
+    actors[actor] = dict(rng_state=torch.as_tensor(segment["rng_state"], dtype=torch.uint8),
+                         steps=actors.get(actor, {}).get("steps", 0) + dones.size,
+                         wait_fraction=segment["header"][4] / max(segment["header"][5], 1e-9))
+    ended = segment["episode_lengths"] > 0
+    return list(zip(segment["episode_returns"][ended].tolist(), segment["episode_lengths"][ended].tolist()))
+# --8<-- [end:take_batch]
+
+
+def stop_reason(comm, processes, args, stop_request):
+    """(why, exit code) if the run must stop now, else None. Prints every actor lost, once."""
+    for actor, reason in comm.watch(processes, args.actor_timeout).items():
+        print(f"actor {actor} lost: {reason}", flush=True)
+        if args.stop_on_actor_loss or args.sync:
+            return f"actor {actor} lost ({'--sync needs every actor' if args.sync else '--stop-on-actor-loss'})", 1
+    if stop_request:
+        return f"interrupted ({signal.Signals(stop_request[0]).name})", 128 + stop_request[0]
+    if comm.error is not None:
+        return f"communication failed: {str(comm.error).splitlines()[0]}", 1
+    return None if comm.live() else ("no actor left", 1)
+
+
+def actor_wait_fraction(actors):
+    """The share of their time the actors spent waiting on the learner, on average."""
+    return float(np.mean([a["wait_fraction"] for a in actors.values() if "wait_fraction" in a] or [0.0]))
+
+
+def log_actors(writer, step, elapsed, comm, lags, charts, actors):
+    """The lag and the machinery, per update: how old the batch's segments were, how the queue and
+    the actors fare, who waits for whom (a learner that waits for data wants more actors)."""
+    writer.add_scalar("charts/policy_lag_mean", np.mean(lags), step)
+    writer.add_scalar("charts/policy_lag_max", max(lags), step)
+    writer.add_histogram("charts/policy_lag", np.array(lags), step)
+    charts.update(queue_depth=comm.segments.qsize(), segments_received=comm.received, actors_alive=len(comm.live()),
+                  actor_wait_fraction=actor_wait_fraction(actors))
+    for name, value in charts.items():
+        writer.add_scalar(f"charts/{name}", value, step)
+    for actor, info in actors.items():
+        if "steps" in info:
+            writer.add_scalar(f"actors/actor_{actor}_SPS", info["steps"] / elapsed, step)
+            writer.add_scalar(f"actors/actor_{actor}_wait_fraction", info["wait_fraction"], step)
 
 
 def handle_signals(stop_request, processes):
     """First Ctrl-C (or SIGTERM, which torchrun sends when a worker fails): stop after the current
-    update with a checkpoint. A second one kills the actors and exits at once."""
+    update, with a checkpoint. A second one kills the actors and exits at once."""
 
     def handler(signum, frame):
         if stop_request:
@@ -870,11 +1000,10 @@ def handle_signals(stop_request, processes):
                 process.kill()
             os._exit(128 + signum)
         stop_request.append(signum)
-        print(f"\n{signal.Signals(signum).name}: stopping after this update, with a checkpoint "
-              "(again to kill)", flush=True)
+        print(f"\n{signal.Signals(signum).name}: stopping after this update, with a checkpoint (again to kill)")
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
 
 
 # --- Launch -------------------------------------------------------------------------------------
@@ -882,19 +1011,17 @@ def handle_signals(stop_request, processes):
 # --8<-- [start:resolve_launch]
 def resolve_launch(args):
     """(rank, world size, started by torchrun?). Fills in args.num_actors."""
-    if dist.is_torchelastic_launched():  # torchrun set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        if args.num_actors is None:
-            args.num_actors = world_size - 1
-        elif world_size != args.num_actors + 1:
-            sys.exit(f"error: torchrun started {world_size} processes, but --num-actors {args.num_actors} "
-                     f"needs {args.num_actors + 1} (a learner and the actors)")
-        if world_size < 2:
-            sys.exit("error: torchrun started 1 process; the learner needs at least 1 actor (--nproc-per-node 2 or more)")
-        return rank, world_size, True
-    if args.num_actors is None:
-        args.num_actors = 1
-    return 0, args.num_actors + 1, False
+    if not dist.is_torchelastic_launched():  # a local launch: this process learns and spawns the actors
+        args.num_actors = 1 if args.num_actors is None else args.num_actors
+        return 0, args.num_actors + 1, False
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # set by torchrun
+    if world_size < 2:
+        sys.exit("error: torchrun started 1 process; the learner needs at least 1 actor (--nproc-per-node 2 or more)")
+    if args.num_actors not in (None, world_size - 1):
+        sys.exit(f"error: torchrun started {world_size} processes, but --num-actors {args.num_actors} "
+                 f"needs {args.num_actors + 1} (a learner and the actors)")
+    args.num_actors = world_size - 1
+    return rank, world_size, True
 # --8<-- [end:resolve_launch]
 
 
@@ -904,26 +1031,16 @@ def process_group_timeout(args):
     return datetime.timedelta(seconds=max(600.0, 2 * args.actor_timeout))
 
 
-def join_process_group(rank, world_size, args, port=None):
-    """torchrun's rendezvous (env://), or when launched here, the learner's store on 127.0.0.1."""
-    timeout = process_group_timeout(args)
-    if port is None:
-        dist.init_process_group("gloo", timeout=timeout)
-    else:
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-
-
-def startup_exchange(run_name=None, args=None):
-    """The one collective, at start-up: every actor takes the learner's run name and settings (so
-    message sizes agree whatever each node's command line said). Returns them."""
-    objects = [run_name, None if args is None else vars(args)]
+def startup_exchange(run_name=None, args=None, rng_states=None):
+    """The one collective: every actor takes the learner's run name and settings (so message sizes
+    agree whatever each node's command line said), and a resumed run's actor noise generators."""
+    objects = [run_name, None if args is None else vars(args), rng_states]
     dist.broadcast_object_list(objects, src=0)
     return objects
 
 
 def open_store(args, world_size):
-    """Local launch: the learner's rendezvous store on 127.0.0.1 (the actors connect to its port)."""
+    """Local launch: the learner's rendezvous store on 127.0.0.1, opened before anything is written."""
     try:
         return dist.TCPStore("127.0.0.1", args.master_port, world_size, is_master=True,
                              timeout=process_group_timeout(args), wait_for_workers=False)
@@ -933,36 +1050,37 @@ def open_store(args, world_size):
                  "(choose another --master-port, or 0 for any free one)")
 
 
-def start_actors(args, world_size, port):
+def launch(args, rank, world_size, store, processes, run_name, rng_states):
+    """The learner's process group, which waits for every actor: torchrun's rendezvous, or here
+    the actor processes it starts; then the actors take the learner's settings."""
+    if store is None:
+        dist.init_process_group("gloo", timeout=process_group_timeout(args))
+    else:
+        start_actors(args, world_size, store, processes)
+    startup_exchange(run_name, args, rng_states)
+    print(f"learner: {world_size - 1} actor(s) joined", flush=True)
+
+
+def start_actors(args, world_size, store, processes):
     """Local launch: one process per actor, started with spawn (a fresh interpreter: nothing is
-    forked from this one, threads and locks included). Returns {rank: process}."""
-    context = mp.get_context("spawn")
+    forked from this one), into `processes`; then the learner joins the group, which waits for
+    every actor. An actor that dies first ends the launch."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: a Ctrl-C cannot hit their start-up
-    processes = {
-        rank: context.Process(target=actor_process, args=(rank, world_size, args, port), name=f"actor-{rank}",
-                              daemon=True)
-        for rank in range(1, world_size)
-    }
-    for process in processes.values():
-        process.start()
+    for rank in range(1, world_size):
+        processes[rank] = mp.get_context("spawn").Process(target=actor_process, args=(rank, world_size, args, store.port),
+                                                          daemon=True)
+        processes[rank].start()
     signal.signal(signal.SIGINT, previous)
-    return processes
-
-
-def join_with_watchdog(store, world_size, args, processes):
-    """The learner joins the group, which waits for every actor; an actor that dies first ends it."""
     joined = threading.Event()
 
-    def watch():
+    def watchdog():
         while not joined.wait(0.2):
-            for rank, process in processes.items():
-                if process.exitcode is not None:
-                    print(f"error: actor {rank} exited during start-up (code {process.exitcode})",
-                          file=sys.stderr, flush=True)
-                    stop_actors(processes, timeout=0)
-                    os._exit(1)
+            if dead := [(rank, p.exitcode) for rank, p in processes.items() if p.exitcode is not None]:
+                print(f"error: actor {dead[0][0]} exited during start-up (code {dead[0][1]})", file=sys.stderr, flush=True)
+                stop_actors(processes, timeout=0)
+                os._exit(1)
 
-    threading.Thread(target=watch, daemon=True).start()
+    threading.Thread(target=watchdog, daemon=True).start()
     dist.init_process_group("gloo", store=store, rank=0, world_size=world_size, timeout=process_group_timeout(args))
     joined.set()
 
@@ -972,12 +1090,23 @@ def stop_actors(processes, timeout, lost=()):
     kill them too: none outlives the learner."""
     deadline = time.time() + timeout
     for rank, process in processes.items():
-        if rank not in lost:
-            process.join(max(0.0, deadline - time.time()))
-    for process in processes.values():
+        process.join(0 if rank in lost else max(0.0, deadline - time.time()))
         if process.is_alive():
             process.kill()
             process.join()
+
+
+def shut_down(comm, processes, args):
+    """Make every live actor's next answer STOP and give them --actor-timeout s to take it; then
+    no actor process outlives the learner. True if the communication thread has ended."""
+    comm.publish(None, stop=True)
+    deadline = time.time() + args.actor_timeout
+    while comm.is_alive() and comm.live() and time.time() < deadline:
+        comm.watch(processes, args.actor_timeout)  # one that dies now need not be waited for
+        comm.join(0.1)
+    comm.join(1.0)
+    stop_actors(processes, timeout=10 if not comm.is_alive() else 0, lost=comm.lost)
+    return not comm.is_alive()
 
 
 def main(args: Args):
@@ -1000,12 +1129,13 @@ def main(args: Args):
     envs = make_envs(replace(args, num_envs=1, capture_video=False), run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     envs.close()
-    budget = args.num_iterations * args.batch_size  # env steps the learner takes from the actors
     checkpoint = load_checkpoint(args.resume) if args.resume else None
     if checkpoint and checkpoint["args"]["env_id"] != args.env_id:
         sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
                  f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
-    if checkpoint and checkpoint["global_step"] >= budget:
+    if checkpoint:  # the whole batches that fit in what is left of the budget (the batch size may have changed)
+        args.num_iterations = checkpoint["iteration"] + (args.total_timesteps - checkpoint["global_step"]) // args.batch_size
+    if checkpoint and args.num_iterations <= checkpoint["iteration"]:
         sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
                  f"raise --total-timesteps above it to train on")
     store = None if torchrun else open_store(args, world_size)  # where the actors will find the learner
@@ -1013,19 +1143,10 @@ def main(args: Args):
     if args.track:
         import wandb
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -1033,130 +1154,93 @@ def main(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
-    generator = torch.Generator().manual_seed(args.seed)  # minibatch order (each actor seeds its action noise)
+    generator = torch.Generator().manual_seed(args.seed)  # minibatch order
+    actors = {}  # rank -> its action-noise generator's state after its last segment, its steps and waiting
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     agent = Agent(obs_dim, act_dim).to(device)
-    # fused: one kernel for all parameters instead of a dozen small ops each (same update)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
+    adam = adam_state(params)
+    lr = torch.tensor(args.learning_rate, device=device)
+    update = compile_train_step(functools.partial(train_step, agent=agent, args=args), args.compile)
     obs_rms = RunningMeanStd((obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)  # all envs; each actor's are a slice
 
-    def training_state(global_step, version):
+    def training_state(global_step, iteration):
         """Everything a resumed run needs, as tensors and plain numbers."""
-        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+        return {"agent": agent.state_dict(), "optimizer": adam,
                 "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
-                "generator": generator.get_state(), "global_step": global_step,
-                "iteration": version, "args": vars(args)}
+                "generator": generator.get_state(), "actor_generators": {r: a["rng_state"] for r, a in actors.items()},
+                "global_step": global_step, "iteration": iteration, "args": vars(args)}
 
-    global_step, version = 0, 0  # version: the number of updates, what the actors' policies are tagged with
+    global_step, start_iteration = 0, 1
     if checkpoint:
         try:
             agent.load_state_dict(checkpoint["agent"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-        except (RuntimeError, ValueError) as error:
+            load_adam_state(adam, checkpoint["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as error:
             sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
         obs_rms.load_state_dict(checkpoint["obs_rms"])
         reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
         generator.set_state(checkpoint["generator"])
-        global_step, version = checkpoint["global_step"], checkpoint["iteration"]
-        print(f"resumed from {args.resume} at step {global_step} (version {version})")
+        actors.update({rank: dict(rng_state=state) for rank, state in checkpoint["actor_generators"].items()})
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+        print(f"resumed from {args.resume} at step {global_step} (update {checkpoint['iteration']})")
 
     # --8<-- [start:launch]
-    # Launch: the learner's process group waits for every actor; from here on, point-to-point only.
+    # Launch; from here on, point-to-point messages only.
     stop_request, processes = [], {}
-    handle_signals(stop_request, processes)
-    if torchrun:
-        join_process_group(rank, world_size, args)
-    else:
-        processes.update(start_actors(args, world_size, store.port))  # a second Ctrl-C kills these
-        join_with_watchdog(store, world_size, args, processes)
-    startup_exchange(run_name, args)
-    print(f"learner: {world_size - 1} actor(s) joined; training from step {global_step}, version {version}", flush=True)
-    layout = SegmentLayout(args.num_steps, args.num_envs // args.num_actors, obs_dim, act_dim)
-    weights = pack_policy(agent.actor, obs_rms)
-    _, policy_rms = unpack_policy(weights, obs_dim)  # what the actors normalise with, in float32
-    comm = LearnerComm(range(1, world_size), layout.size, args.queue_batches * args.num_actors, args.sync,
-                       version, weights)
+    handle_signals(stop_request, processes)  # a second Ctrl-C kills the processes
+    launch(args, rank, world_size, store, processes, run_name, {r: a["rng_state"] for r, a in actors.items()})
+    version = start_iteration - 1  # the policy version: the number of updates so far
+    envs_per_actor = args.num_envs // args.num_actors
+    comm = LearnerComm(range(1, world_size), SegmentLayout(args.num_steps, envs_per_actor, obs_dim, act_dim),
+                       args.queue_batches * args.num_actors, args.sync, version, pack_policy(agent.actor, obs_rms))
     comm.start()
     # --8<-- [end:launch]
-
-    reported = set()  # lost actors already announced
-
-    def check():
-        if stop_request:
-            raise RunStopped(f"interrupted ({signal.Signals(stop_request[0]).name})", 128 + stop_request[0])
-        watch_actors(comm, processes, args, reported)
-
     recent_returns = collections.deque(maxlen=100)
-    envs_per_actor = args.num_envs // args.num_actors
-    steps_by_actor = collections.Counter()
-    actor_wait = {}  # rank -> the share of its time its last segment reports waiting for replies
-    used = dropped = updates = 0
-    learner_wait = 0.0
+    used = dropped = learner_wait = 0
     stopped = None
 
     # TRY NOT TO MODIFY: start the game
     start_step = global_step
+    budget = global_step + (args.num_iterations - start_iteration + 1) * args.batch_size  # env steps at the end
     start_time = last_print = time.time()
-    while global_step < budget:
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
-            frac = 1.0 - global_step / budget
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            lr.fill_(frac * args.learning_rate)
 
-        # --8<-- [start:take_batch]
+        # --8<-- [start:batch]
         # The batch: num_actors segments (num_envs x num_steps transitions) from whichever actors
-        # sent them first, minus those more than --max-policy-lag versions old. The real lag of a
-        # segment: the learner's version now - the version that acted (its time in the queue included).
+        # sent them first. A segment's lag: the learner's version now - the version that acted.
+        waiting_since = time.perf_counter()
+        segments, stopped = take_batch(comm, args.num_actors, args.max_policy_lag, version,
+                                       lambda: stop_reason(comm, processes, args, stop_request))
+        learner_wait += time.perf_counter() - waiting_since
+        if stopped:
+            break
         batch, lags = [], []
-        while len(batch) < args.num_actors and global_step < budget and stopped is None:
-            wanted = min(args.num_actors - len(batch), (budget - global_step) // layout.steps)
-            waiting_since = time.perf_counter()
-            try:
-                messages = [layout.views(next_segment(comm, check)) for _ in range(wanted)]
-            except RunStopped as e:
-                stopped = e
-            learner_wait += time.perf_counter() - waiting_since
-            # in actor order: a --sync batch (one segment per actor) is processed alike in every run
-            for segment in sorted(messages if stopped is None else [], key=lambda s: tuple(s["header"][:2])):
-                actor, _, behaviour_version, _, wait_time, run_time = segment["header"]
-                actor = int(actor)
-                global_step += layout.steps
-                steps_by_actor[actor] += layout.steps
-                actor_wait[actor] = wait_time / max(run_time, 1e-9)
-                # the learner scales rewards with one set of statistics, in each env's step order
-                dones = (segment["terminations"] + segment["truncations"]) > 0
-                envs_of_actor = slice((actor - 1) * envs_per_actor, actor * envs_per_actor)
-                for step in range(args.num_steps):
-                    segment["rewards"][step] = reward_scaler(segment["rewards"][step], dones[step], envs_of_actor)
-                for step, i in zip(*np.nonzero(segment["episode_lengths"])):
-                    recent_returns.append(float(segment["episode_returns"][step, i]))
-                    writer.add_scalar("charts/episodic_return", segment["episode_returns"][step, i], global_step)
-                    writer.add_scalar("charts/episodic_length", segment["episode_lengths"][step, i], global_step)
-                lag = version - int(behaviour_version)
-                if args.max_policy_lag is not None and lag > args.max_policy_lag:
-                    dropped += 1
-                    continue
+        for segment in segments:
+            for episode_return, episode_length in absorb_segment(segment, reward_scaler, obs_rms, envs_per_actor, actors):
+                recent_returns.append(episode_return)
+                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+                writer.add_scalar("charts/episodic_length", episode_length, global_step)
+            lag = version - int(segment["header"][2])
+            if args.max_policy_lag is None or lag <= args.max_policy_lag:  # else dropped: too old
+                global_step += comm.layout.steps
                 batch.append(segment)
                 lags.append(lag)
-        if stopped is not None or len(batch) < args.num_actors:
-            break  # interrupted, or the budget ran out while old segments were dropped
+        used, dropped = used + len(batch), dropped + len(segments) - len(batch)
 
-        # Segments side by side: [T, n, ...] each -> [T, N, ...]. Observations are normalised with
-        # the statistics of the current version, those the actors acted with when the lag is 0.
-        obs, next_obs, actions, logprobs, rewards, terminations, truncations = (
-            np.concatenate([segment[key] for segment in batch], axis=1)
-            for key in ("obs", "next_obs", "actions", "logprobs", "rewards", "terminations", "truncations")
-        )
-        dones = np.maximum(terminations, truncations)
-        b = {
-            key: torch.as_tensor(value, device=device)
-            for key, value in dict(obs=normalize_obs(obs, policy_rms), next_obs=normalize_obs(next_obs, policy_rms),
-                                   actions=actions, logprobs=logprobs, rewards=rewards, terminations=terminations,
-                                   dones=dones).items()
-        }
-        # --8<-- [end:take_batch]
+        # Segments side by side: [T, n, ...] each -> [T, N, ...]
+        fields = {key: np.concatenate([segment[key] for segment in batch], axis=1)
+                  for key in ("obs", "next_obs", "actions", "logprobs", "rewards", "terminations", "truncations")}
+        fields["dones"] = np.maximum(fields.pop("truncations"), fields["terminations"])
+        b = {key: torch.as_tensor(value, dtype=torch.float32, device=device) for key, value in fields.items()}
+        # --8<-- [end:batch]
         values, target_logprobs, advantages, returns = estimate_advantages(agent, b, args)
         # Backward lag: how far the learner already is from the behaviour policies, before any step.
         start_ratio = (target_logprobs - b["logprobs"]).exp()
@@ -1166,7 +1250,7 @@ def main(args: Args):
 
         # flatten the batch: [T, N, ...] -> [T * N, ...]
         flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns, proximal_logprobs=target_logprobs)
+                    returns=returns, values=values, proximal_logprobs=target_logprobs)
         flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
 
         # Optimizing the policy and value network
@@ -1177,68 +1261,15 @@ def main(args: Args):
                 flat["advantages"], flat["returns"] = advantages.reshape(-1), returns.reshape(-1)
             b_inds = torch.randperm(args.batch_size, generator=generator)
             for start in range(0, args.batch_size, args.minibatch_size):
-                mb = {key: value[b_inds[start : start + args.minibatch_size]] for key, value in flat.items()}
-                mean, logstd = agent.actor(mb["obs"])
-                newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
-                entropy = gaussian_entropy(logstd)
-                newvalue = agent.get_value(mb["obs"])
-
-                # --8<-- [start:minibatch_loss]
-                mb_advantages = mb["advantages"]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                # Policy loss: TV filtering (no ratio clipping)
-                if args.tv_filter:
-                    reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
-                    pg_loss, tv, filtered_fraction = vaco_policy_loss(
-                        newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
-                    )
-                    stats["filtered_fraction"].append(filtered_fraction)
-                    stats["filter_on_fraction"].append((tv > args.tv_threshold).float())
-                    stats["filter_tv"].append(tv)  # the TV compared with delta
-                else:  # ablation: PPO's clipped surrogate
-                    pg_loss, _ = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
-                logratio = newlogprob - mb["logprobs"]
-                ratio = logratio.exp()
-                # k3 estimator of KL(behaviour || policy) from behaviour samples: (r - 1) - log r
-                kl = ((ratio - 1) - logratio).mean()
-
-                # Value loss: regression on the V-trace targets
-                v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
-
-                # the entropy bonus keeps the maximum-entropy objective
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-                # --8<-- [end:minibatch_loss]
-
-                with torch.no_grad():
-                    stats["policy_loss"].append(pg_loss)
-                    stats["value_loss"].append(v_loss)
-                    stats["entropy"].append(entropy_loss)
-                    stats["old_approx_kl"].append((-logratio).mean())
-                    stats["approx_kl"].append(kl)
-                    stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-                    stats["tv_divergence"].append(0.5 * (ratio - 1).abs().mean())
+                for name, value in update(params, adam, flat, b_inds[start : start + args.minibatch_size], lr).items():
+                    stats[name].append(value)
 
             if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
                 break
 
-        # --8<-- [start:publish]
-        # Publish the new version: the weights, and the observation statistics updated with this batch.
+        # The actors pick up the new policy: the next version, with the statistics that include this batch.
         version += 1
-        updates += 1
-        used += len(batch)
-        obs_rms.update(obs.reshape(-1, obs_dim))
-        weights = pack_policy(agent.actor, obs_rms)
-        _, policy_rms = unpack_policy(weights, obs_dim)
-        comm.publish(version, weights)
-        # --8<-- [end:publish]
+        comm.publish(version, pack_policy(agent.actor, obs_rms))
 
         y_pred, y_true = values.cpu().numpy().ravel(), returns.cpu().numpy().ravel()
         var_y = np.var(y_true)
@@ -1247,60 +1278,43 @@ def main(args: Args):
         # TRY NOT TO MODIFY: record rewards for plotting purposes
         elapsed = time.time() - start_time
         sps = int((global_step - start_step) / elapsed)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/learning_rate", lr.item(), global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("charts/policy_lag_mean", np.mean(lags), global_step)
-        writer.add_scalar("charts/policy_lag_max", max(lags), global_step)
-        writer.add_histogram("charts/policy_lag", np.array(lags), global_step)
-        writer.add_scalar("charts/queue_depth", comm.segments.qsize(), global_step)
-        writer.add_scalar("charts/segments_received", comm.received, global_step)
-        writer.add_scalar("charts/segments_used", used, global_step)
-        writer.add_scalar("charts/segments_dropped", dropped, global_step)
-        writer.add_scalar("charts/updates_per_second", updates / elapsed, global_step)
-        writer.add_scalar("charts/learner_wait_fraction", learner_wait / elapsed, global_step)
-        writer.add_scalar("charts/actor_wait_fraction", np.mean(list(actor_wait.values())), global_step)
-        writer.add_scalar("charts/actors_alive", len(comm.live()), global_step)
-        for actor, steps in steps_by_actor.items():
-            writer.add_scalar(f"actors/actor_{actor}_SPS", steps / elapsed, global_step)
-            writer.add_scalar(f"actors/actor_{actor}_wait_fraction", actor_wait[actor], global_step)
-        if time.time() - last_print > 10 or global_step >= budget:
+        log_actors(writer, global_step, elapsed, comm, lags, dict(segments_used=used, segments_dropped=dropped,
+                   updates_per_second=(iteration - start_iteration + 1) / elapsed,
+                   learner_wait_fraction=learner_wait / elapsed), actors)
+        if time.time() - last_print > 10 or iteration == args.num_iterations:
             last_print = time.time()
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
             eta = (budget - global_step) / max(sps, 1)
             print(f"step {global_step}/{budget} ({100 * global_step / budget:.0f}%) | SPS: {sps} | "
                   f"return (last {len(recent_returns)} eps) {recent} | lag {np.mean(lags):.2f} | "
                   f"ETA {format_eta(eta)}", flush=True)
-        if args.save_model and args.checkpoint_every and version % args.checkpoint_every == 0 \
-                and global_step < budget:
+        if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
+                and iteration < args.num_iterations:
             save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
-                            training_state(global_step, version))
+                            training_state(global_step, iteration))
 
     if recent_returns:
         print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
               f"{np.mean(recent_returns):.1f}")
     elapsed = time.time() - start_time
     print(f"segments: {used} used, {dropped} dropped, {comm.received} received | time waiting: learner "
-          f"{learner_wait / elapsed:.0%} (for data), actors {np.mean(list(actor_wait.values()) or [0]):.0%} "
-          "(for replies)", flush=True)
+          f"{learner_wait / elapsed:.0%} (for data), actors {actor_wait_fraction(actors):.0%} "
+          "(for the learner)", flush=True)
     # Checkpoint before the actors are told to stop: under torchrun a SIGTERM is followed by a
     # SIGKILL if the shutdown takes long. An interrupted or failed run always keeps its state.
     model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-    if args.save_model or stopped is not None:
+    if args.save_model or stopped:
         save_checkpoint(model_path, training_state(global_step, version))
-        print(f"model saved to {model_path} (step {global_step}, version {version})", flush=True)
-    comm.stop()  # every live actor gets STOP in answer to its next segment
-    deadline = time.time() + args.actor_timeout
-    while comm.is_alive() and time.time() < deadline and any(
-            rank not in processes or processes[rank].exitcode is None for rank in comm.live()):
-        comm.join(0.1)
-    stop_actors(processes, timeout=0 if comm.is_alive() else 10, lost=comm.lost)
-    if not comm.is_alive():
+        print(f"model saved to {model_path}", flush=True)
+    if shut_down(comm, processes, args):
         dist.destroy_process_group()
 
-    if args.save_model and stopped is None:
+    if args.save_model and not stopped:
         episodic_returns = evaluate(model_path, args.env_id, args.eval_episodes, seed=args.seed + 10_000)
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
@@ -1310,14 +1324,13 @@ def main(args: Args):
     writer.close()
     if args.track:
         wandb.finish()
-    code = 0 if stopped is None else stopped.code
-    if stopped is not None:
-        print(f"error: stopped at step {global_step}, version {version}: {stopped}; continue with --resume {model_path}",
-              file=sys.stderr, flush=True)
-    if comm.is_alive():  # blocked in a receive from an actor that never answered the stop: leave now
-        print(f"actors {sorted(set(comm.live()) - comm.dismissed)} did not answer the stop; their processes "
-              "were killed (local launch) or are left to the launcher", flush=True)
+    if stopped:
+        print(f"error: stopped at step {global_step}, update {version}: {stopped[0]}; continue with --resume "
+              f"{model_path}", file=sys.stderr, flush=True)
+    code = stopped[1] if stopped else 0
+    if comm.is_alive():  # blocked in a receive from an actor that never took the stop: leave without it
         sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
 

@@ -71,9 +71,8 @@ class Args:
     checkpoint_every: int = 0
     """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
     resume: Optional[str] = None
-    """continue a run from a checkpoint it saved (weights, optimizer, normalisation, policy
-    snapshots, random streams, step and update counts) up to `--total-timesteps`; the episodes in
-    flight are not saved, so the envs start new ones. Logs go to a new run folder"""
+    """continue a run from a checkpoint it saved, up to `--total-timesteps` (the envs start new
+    episodes; the logs go to a new run folder)"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v4"
@@ -83,12 +82,10 @@ class Args:
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel game environments, each one simulated actor with its own stale
-    policy: 8 actors drawing from a buffer of K snapshots make every batch mix policy ages, as in
-    a real asynchronous system (with 1 env a whole batch would share one age)"""
+    """the number of parallel game environments, each one simulated actor with its own stale policy
+    (8 actors make every batch mix policy ages, as in a real asynchronous system)"""
     num_steps: int = 256
-    """the number of steps to run in each environment per policy rollout (8 x 256 keeps CleanRL's
-    batch of 2048 transitions, so one update sees as much data as CleanRL's 1 x 2048)"""
+    """the number of steps to run in each environment per policy rollout (8 x 256: CleanRL's batch of 2048)"""
     anneal_lr: bool = True
     """Toggle learning rate annealing for policy and value networks"""
     gamma: float = 0.99
@@ -117,14 +114,11 @@ class Args:
 
     # VACO
     tv_threshold: float = 0.1
-    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it. 0.1 with the
-    behaviour reference won the lag study's sweep (delta 0.05/0.1/0.2 x both references, Hopper and
-    HalfCheetah, K 1 and 8, 3 seeds; 1M-step finalists): docs/results.md"""
+    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it (0.1 against the
+    behaviour policy: the choice of the lag study on Hopper and HalfCheetah, docs/results.md)"""
     tv_reference: Literal["behaviour", "proximal"] = "behaviour"
-    """the policy the TV filter measures against. behaviour: beta, the paper's rule (the TV then
-    holds backward and forward lag together); proximal: pi_T, the learner's policy at the start of
-    the update (Hilton et al. 2021), so the filter bounds only the forward drift while alignment
-    handles the backward lag. The surrogate's ratio stays pi_theta/beta either way; K = 1: equal"""
+    """what the TV filter measures against: beta, the paper's rule (backward and forward lag together),
+    or pi_T, the policy at the update's start (forward drift only); the ratio stays pi_theta/beta"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance ratios in the TD errors (rho-bar)"""
     c_bar: float = 1.0
@@ -143,9 +137,8 @@ class Args:
     """step the envs in subprocesses (gymnasium AsyncVectorEnv); pays off only when one env step
     costs much more than the inter-process round trip, or with many cores"""
     compile: bool = True
-    """compile the minibatch update (loss, gradient, clipping, Adam) into one program with
-    torch.compile: a few times faster on a CPU, where these tiny networks cost per-op overhead, not
-    arithmetic; the first update pays the compile once. `--no-compile` runs the same code eagerly"""
+    """compile the minibatch update (loss, gradient, clipping, Adam) into one program (torch.compile;
+    paid once, at the first update); `--no-compile` runs the same function eagerly"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -236,6 +229,7 @@ class RunningMeanStd:
         self.count = 1e-4
 
     def update(self, x):
+        x = np.asarray(x, dtype=np.float64)  # float64 sums, whatever the observations' dtype
         batch_mean, batch_var, batch_count = x.mean(0), x.var(0), x.shape[0]
         delta = batch_mean - self.mean
         total = self.count + batch_count
@@ -563,29 +557,26 @@ def train_step(params, adam, flat, indices, lr, agent, args):
 
 
 def compile_train_step(step, enabled):
-    """torch.compile(step), timed and checked at its first call: there it compiles (once per run),
-    and where compiling is impossible (no C++ compiler, an unsupported platform) it says so in one
-    line and runs `step` eagerly from then on. `enabled` False: `step` itself."""
+    """torch.compile(step), which compiles at its first call (once per run); where compiling is
+    impossible (no C++ compiler, an unsupported platform) it says so in one line and `step` runs
+    eagerly from then on. `enabled` False: `step` itself."""
     if not enabled:
         return step
-    compiled = torch.compile(step, fullgraph=True)
-    chosen = None
+    compiled, chosen = torch.compile(step, fullgraph=True), []
 
     def run(*args):
-        nonlocal chosen
-        if chosen is not None:
-            return chosen(*args)
-        start = time.time()
-        try:
-            out = compiled(*args)  # compiling happens before the program runs: no input is touched on failure
-            chosen = compiled
-            print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
-        except Exception as error:
-            chosen = step
-            print(f"note: torch.compile failed ({str(error).strip().splitlines()[0][:200]}); "
-                  "the update runs eagerly (--no-compile skips the attempt)", flush=True)
-            out = step(*args)
-        return out
+        if not chosen:
+            start = time.time()
+            try:
+                out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
+                print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
+                chosen.append(compiled)
+                return out
+            except Exception as error:
+                print(f"note: torch.compile failed ({str(error).strip().splitlines()[0][:200]}); the update runs "
+                      "eagerly", flush=True)
+                chosen.append(step)
+        return chosen[0](*args)
 
     return run
 
@@ -678,19 +669,10 @@ def main(args: Args):
     if args.track:
         import wandb
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
