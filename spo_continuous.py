@@ -138,8 +138,6 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --eval-episodes must be >= 0, got {args.eval_episodes}")
     if args.checkpoint_every < 0:
         sys.exit(f"error: --checkpoint-every must be >= 0, got {args.checkpoint_every}")
-    if args.resume is not None and not os.path.isfile(args.resume):
-        sys.exit(f"error: --resume {args.resume}: no such file")
     if args.batch_size % args.num_minibatches:
         sys.exit(
             f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
@@ -531,6 +529,36 @@ def evaluate(path, env_id, eval_episodes, seed):
     return returns
 
 
+def resume_point(args):
+    """The checkpoint `--resume` names (None without it), checked against these settings. A resumed
+    run trains the whole batches that fit in what is left of the budget (its batch size may differ)."""
+    if args.resume is None:
+        return None
+    if not os.path.isfile(args.resume):
+        sys.exit(f"error: --resume {args.resume}: no such file")
+    checkpoint = load_checkpoint(args.resume)
+    if checkpoint["args"]["env_id"] != args.env_id:
+        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
+                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
+    args.num_iterations = checkpoint["iteration"] + (args.total_timesteps - checkpoint["global_step"]) // args.batch_size
+    if args.num_iterations <= checkpoint["iteration"]:
+        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
+                 f"raise --total-timesteps above it to train on")
+    return checkpoint
+
+
+def open_logs(args, run_name):
+    """TensorBoard in runs/<run_name>, mirrored to Weights & Biases with --track."""
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    return writer
+
+
 def format_eta(seconds):
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
@@ -550,23 +578,9 @@ def main(args: Args):
     envs = make_envs(args, run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    if checkpoint and checkpoint["args"]["env_id"] != args.env_id:
-        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
-                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
-    if checkpoint:  # the whole batches that fit in what is left of the budget (the batch size may have changed)
-        args.num_iterations = checkpoint["iteration"] + (args.total_timesteps - checkpoint["global_step"]) // args.batch_size
-    if checkpoint and args.num_iterations <= checkpoint["iteration"]:
-        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
-                 f"raise --total-timesteps above it to train on")
+    checkpoint = resume_point(args)
 
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True)
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    writer = open_logs(args, run_name)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -736,6 +750,8 @@ def main(args: Args):
 
     writer.close()
     if args.track:
+        import wandb
+
         wandb.finish()
 
 

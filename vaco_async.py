@@ -624,6 +624,36 @@ def evaluate(path, env_id, eval_episodes, seed):
     return returns
 
 
+def resume_point(args):
+    """The checkpoint `--resume` names (None without it), checked against these settings. A resumed
+    run trains the whole batches that fit in what is left of the budget (its batch size may differ)."""
+    if args.resume is None:
+        return None
+    if not os.path.isfile(args.resume):
+        sys.exit(f"error: --resume {args.resume}: no such file")
+    checkpoint = load_checkpoint(args.resume)
+    if checkpoint["args"]["env_id"] != args.env_id:
+        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
+                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
+    args.num_iterations = checkpoint["iteration"] + (args.total_timesteps - checkpoint["global_step"]) // args.batch_size
+    if args.num_iterations <= checkpoint["iteration"]:
+        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
+                 f"raise --total-timesteps above it to train on")
+    return checkpoint
+
+
+def open_logs(args, run_name):
+    """TensorBoard in runs/<run_name>, mirrored to Weights & Biases with --track."""
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    return writer
+
+
 def format_eta(seconds):
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
@@ -937,15 +967,15 @@ def take_batch(comm, num_segments, max_lag, version, stop_reason):
     return sorted(segments, key=lambda segment: tuple(segment["header"][:2])), None
 
 
-def absorb_segment(segment, reward_scaler, obs_rms, envs_per_actor, actors):
+def absorb_segment(segment, reward_scaler, obs_rms, actors):
     """What the learner does with every segment it takes, used or not: scale the rewards with its
     one set of return statistics (each env in step order), fold the observations the actor saw into
     the learner's statistics in the actor's order (so one actor's are exactly its own), and note the
     actor's noise generator, steps and waiting in `actors`. Returns the episodes that ended in it."""
     actor, dones = int(segment["header"][0]), (segment["terminations"] + segment["truncations"]) > 0
-    for step in range(segment["rewards"].shape[0]):
-        segment["rewards"][step] = reward_scaler(segment["rewards"][step], dones[step],
-                                                 slice((actor - 1) * envs_per_actor, actor * envs_per_actor))
+    envs = slice((actor - 1) * dones.shape[1], actor * dones.shape[1])  # this actor's share of all envs
+    for step in range(dones.shape[0]):
+        segment["rewards"][step] = reward_scaler(segment["rewards"][step], dones[step], envs)
     for raw_obs in ([segment["reset_obs"]] if segment["header"][3] else []) + list(segment["raw_obs"]):
         obs_rms.update(raw_obs)
     actors[actor] = dict(rng_state=torch.as_tensor(segment["rng_state"], dtype=torch.uint8),
@@ -1106,6 +1136,8 @@ def shut_down(comm, processes, args):
         comm.join(0.1)
     comm.join(1.0)
     stop_actors(processes, timeout=10 if not comm.is_alive() else 0, lost=comm.lost)
+    if not comm.is_alive():  # every receive and send is done: the group can go
+        dist.destroy_process_group()
     return not comm.is_alive()
 
 
@@ -1117,8 +1149,6 @@ def main(args: Args):
     check_args(args)
     if rank > 0:  # torchrun started this process as an actor: it takes the learner's settings
         actor_process(rank, world_size, args)
-    if args.resume is not None and not os.path.isfile(args.resume):  # the learner's file, on its machine
-        sys.exit(f"error: --resume {args.resume}: no such file")
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
         sys.exit(f"error: runs/{run_name} already exists; wait a second or change --exp-name")
@@ -1129,24 +1159,10 @@ def main(args: Args):
     envs = make_envs(replace(args, num_envs=1, capture_video=False), run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     envs.close()
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    if checkpoint and checkpoint["args"]["env_id"] != args.env_id:
-        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
-                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
-    if checkpoint:  # the whole batches that fit in what is left of the budget (the batch size may have changed)
-        args.num_iterations = checkpoint["iteration"] + (args.total_timesteps - checkpoint["global_step"]) // args.batch_size
-    if checkpoint and args.num_iterations <= checkpoint["iteration"]:
-        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
-                 f"raise --total-timesteps above it to train on")
+    checkpoint = resume_point(args)
     store = None if torchrun else open_store(args, world_size)  # where the actors will find the learner
 
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True)
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    writer = open_logs(args, run_name)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -1193,14 +1209,12 @@ def main(args: Args):
     handle_signals(stop_request, processes)  # a second Ctrl-C kills the processes
     launch(args, rank, world_size, store, processes, run_name, {r: a["rng_state"] for r, a in actors.items()})
     version = start_iteration - 1  # the policy version: the number of updates so far
-    envs_per_actor = args.num_envs // args.num_actors
-    comm = LearnerComm(range(1, world_size), SegmentLayout(args.num_steps, envs_per_actor, obs_dim, act_dim),
+    comm = LearnerComm(range(1, world_size), SegmentLayout(args.num_steps, args.num_envs // args.num_actors, obs_dim, act_dim),
                        args.queue_batches * args.num_actors, args.sync, version, pack_policy(agent.actor, obs_rms))
     comm.start()
     # --8<-- [end:launch]
     recent_returns = collections.deque(maxlen=100)
     used = dropped = learner_wait = 0
-    stopped = None
 
     # TRY NOT TO MODIFY: start the game
     start_step = global_step
@@ -1222,18 +1236,14 @@ def main(args: Args):
         learner_wait += time.perf_counter() - waiting_since
         if stopped:
             break
-        batch, lags = [], []
         for segment in segments:
-            for episode_return, episode_length in absorb_segment(segment, reward_scaler, obs_rms, envs_per_actor, actors):
+            for episode_return, episode_length in absorb_segment(segment, reward_scaler, obs_rms, actors):
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, global_step)
                 writer.add_scalar("charts/episodic_length", episode_length, global_step)
-            lag = version - int(segment["header"][2])
-            if args.max_policy_lag is None or lag <= args.max_policy_lag:  # else dropped: too old
-                global_step += comm.layout.steps
-                batch.append(segment)
-                lags.append(lag)
-        used, dropped = used + len(batch), dropped + len(segments) - len(batch)
+        batch = [s for s in segments if args.max_policy_lag is None or version - s["header"][2] <= args.max_policy_lag]
+        lags = [version - int(segment["header"][2]) for segment in batch]  # the others are dropped: too old
+        global_step, used, dropped = global_step + args.batch_size, used + len(batch), dropped + len(segments) - len(batch)
 
         # Segments side by side: [T, n, ...] each -> [T, N, ...]
         fields = {key: np.concatenate([segment[key] for segment in batch], axis=1)
@@ -1301,18 +1311,15 @@ def main(args: Args):
     if recent_returns:
         print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
               f"{np.mean(recent_returns):.1f}")
-    elapsed = time.time() - start_time
-    print(f"segments: {used} used, {dropped} dropped, {comm.received} received | time waiting: learner "
-          f"{learner_wait / elapsed:.0%} (for data), actors {actor_wait_fraction(actors):.0%} "
-          "(for the learner)", flush=True)
+    print(f"segments: {used} used, {dropped} dropped, {comm.received} received | waiting: learner {learner_wait / (time.time() - start_time):.0%}"
+          f" of its time (for data), actors {actor_wait_fraction(actors):.0%} (for the learner)", flush=True)
     # Checkpoint before the actors are told to stop: under torchrun a SIGTERM is followed by a
     # SIGKILL if the shutdown takes long. An interrupted or failed run always keeps its state.
     model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
     if args.save_model or stopped:
         save_checkpoint(model_path, training_state(global_step, version))
         print(f"model saved to {model_path}", flush=True)
-    if shut_down(comm, processes, args):
-        dist.destroy_process_group()
+    ended = shut_down(comm, processes, args)
 
     if args.save_model and not stopped:
         episodic_returns = evaluate(model_path, args.env_id, args.eval_episodes, seed=args.seed + 10_000)
@@ -1323,16 +1330,14 @@ def main(args: Args):
 
     writer.close()
     if args.track:
+        import wandb
+
         wandb.finish()
     if stopped:
         print(f"error: stopped at step {global_step}, update {version}: {stopped[0]}; continue with --resume "
-              f"{model_path}", file=sys.stderr, flush=True)
-    code = stopped[1] if stopped else 0
-    if comm.is_alive():  # blocked in a receive from an actor that never took the stop: leave without it
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+              f"{model_path}", file=sys.stderr)
+    sys.stdout.flush(), sys.stderr.flush()
+    (sys.exit if ended else os._exit)(stopped[1] if stopped else 0)  # a receive blocked on a silent actor cannot hold the exit
 
 
 if __name__ == "__main__":

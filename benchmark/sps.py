@@ -3,8 +3,9 @@
 For each repeat it measures, in this one process and run, the raw step rate of a single
 `gym.make(env_id)` env driven with random actions, then runs each script with the same batch and
 update settings (by default CleanRL's ppo_continuous_action: 1 env, 2048 steps, 32 minibatches,
-10 epochs) and reads the last `SPS: <n>` it prints. Medians over repeats; ratios are what to
-compare across machines.
+10 epochs) and reads its steady env steps/s from its TensorBoard log (from the end of the first
+update to the end of the last: start-up and the one-off compile left out). Medians over repeats;
+ratios are what to compare across machines.
 
     python benchmark/sps.py --env-id Ant-v4 --scripts ppo_continuous.py vaco_continuous.py
 
@@ -18,8 +19,12 @@ For vaco_async.py it also reports the share of time the learner waited for data 
 waited for replies (medians). Acting and learning overlap only where the cores really run in
 parallel, so each repeat also measures the machine's parallel capacity: the summed rate of 2 bare
 envs stepping at the same time, over the rate of one (2.0 on two free cores; a VM whose two
-vCPUs share one physical core gives about 1). A script outside the repository can be timed too (an absolute
-path), e.g. CleanRL's ppo_continuous_action.py as a same-machine reference: it takes the same flags.
+vCPUs share one physical core gives about 1). A script outside the repository can be timed too (an
+absolute path), with the Python that runs it first: CleanRL's ppo_continuous_action.py, for one,
+needs gymnasium 0.29 in a virtual environment of its own (docs/reproduce.md), and takes the same flags:
+
+    python benchmark/sps.py --env-id Ant-v4 --iterations 10 --scripts ppo_continuous.py \
+        "cleanrl-venv/bin/python /path/to/cleanrl/cleanrl/ppo_continuous_action.py"
 """
 
 import multiprocessing
@@ -85,18 +90,35 @@ def parallel_env_rate(env_id, steps, processes=2):
         return sum(pool.starmap(raw_env_rate, [(env_id, steps, seed) for seed in range(processes)]))
 
 
+def steady_rate(run_dir):
+    """Env steps per second from the end of the first update to the end of the last, read from
+    the run's TensorBoard log (charts/SPS is logged once per update): start-up, the first rollout
+    and the one-off compile of the update are left out."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("charts/SPS")
+    return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
+
+
 def script_sps(entry, args):
-    """(the last `SPS: <n>` a short training run of `entry` prints, and the learner's and actors'
-    shares of time spent waiting when it reports them, else None)."""
-    script, *own_flags = shlex.split(entry)
-    cmd = [sys.executable, os.path.join(ROOT, script), "--env-id", args.env_id, "--num-envs", str(args.num_envs),
+    """(the steady env steps/s of a short training run of `entry`, and the learner's and actors'
+    shares of time spent waiting when it reports them, else None). An entry may start with the
+    Python that runs it (e.g. another virtual environment's, for a reference script)."""
+    words = shlex.split(entry)
+    python = words.pop(0) if not words[0].endswith(".py") else sys.executable
+    script, *own_flags = words
+    cmd = [python, os.path.join(ROOT, script), "--env-id", args.env_id, "--num-envs", str(args.num_envs),
            "--num-steps", str(args.num_steps), "--num-minibatches", "32", "--update-epochs", "10",
            "--total-timesteps", str(args.num_envs * args.num_steps * args.iterations), *shlex.split(args.extra),
            *own_flags]
     with tempfile.TemporaryDirectory() as tmp:  # its runs/ folder is thrown away
         out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, check=True).stdout
-    waits = re.search(r"time waiting: learner (\d+)% .*, actors (\d+)%", out)
-    return int(re.findall(r"SPS: (\d+)", out)[-1]), waits and tuple(int(w) for w in waits.groups())
+        (run_dir,) = [os.path.join(tmp, "runs", d) for d in os.listdir(os.path.join(tmp, "runs"))]
+        rate = steady_rate(run_dir)
+    waits = re.search(r"waiting: learner (\d+)%.*, actors (\d+)%", out)
+    return rate, waits and tuple(int(w) for w in waits.groups())
 
 
 def main(args: Args):
@@ -107,7 +129,7 @@ def main(args: Args):
         capacity.append(parallel_env_rate(args.env_id, args.raw_steps) / raw[-1])
         for entry in args.scripts:
             rate, waited = script_sps(entry, args)
-            sps[entry].append(rate)
+            sps[entry].append(round(rate))
             if waited:
                 waits[entry].append(waited)
         print(f"repeat {repeat + 1}/{args.repeats}: raw {raw[-1]:.0f} steps/s (parallel capacity "

@@ -10,10 +10,10 @@ import torch
 
 import ppo_continuous
 import spo_continuous
-
+import vaco_async
 import vaco_continuous
 
-SCRIPTS = [ppo_continuous, spo_continuous, vaco_continuous]  # TODO async
+SCRIPTS = [ppo_continuous, spo_continuous, vaco_continuous, vaco_async]
 script = pytest.mark.parametrize("module", SCRIPTS, ids=lambda m: m.__name__)
 
 

@@ -116,7 +116,7 @@ def test_the_learner_absorbs_exactly_what_the_actor_saw():
     segment["header"][:] = [1, 0, 0, 1, 0.5, 2.0]  # actor 1's first segment: the envs were just reset
     learner_rms, actors = vaco_async.RunningMeanStd((3,)), {}
     raw_rewards = segment["rewards"].copy()
-    episodes = vaco_async.absorb_segment(segment, vaco_async.RewardScaler(2, 0.99), learner_rms, 2, actors)
+    episodes = vaco_async.absorb_segment(segment, vaco_async.RewardScaler(2, 0.99), learner_rms, actors)
     # one actor: the learner's statistics are the actor's, bit for bit (the next version carries them back)
     assert np.array_equal(learner_rms.mean, obs_rms.mean) and learner_rms.count == obs_rms.count
     assert np.array_equal(learner_rms.var, obs_rms.var)

@@ -1,0 +1,129 @@
+"""Time per minibatch step of each MuJoCo script's update: compiled (the default), the same function
+run eagerly (`--no-compile`), and the textbook eager step it replaces (the module's forward,
+`loss.backward()`, `clip_grad_norm_` and fused `torch.optim.Adam`, around the script's very loss).
+
+    python benchmark/update_step.py --env-id Ant-v4
+
+One process, one thread (as the scripts run), a random batch of the task's shapes; the three
+paths run in interleaved blocks, and the medians over blocks are reported with the compile time.
+Ratios are what carry over to other machines.
+"""
+
+import contextlib
+import functools
+import importlib
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import torch
+import tyro
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+@dataclass
+class Args:
+    env_id: str = "Ant-v4"
+    """the task whose observation and action sizes the networks take"""
+    scripts: list[str] = field(default_factory=lambda: ["ppo_continuous", "spo_continuous", "vaco_continuous",
+                                                        "vaco_async"])
+    """the scripts (modules at the repository root) whose update is timed"""
+    batch_size: int = 2048
+    """transitions in the batch the minibatches are drawn from"""
+    minibatch_size: int = 64
+    """transitions per minibatch (CleanRL's 2048 / 32)"""
+    steps: int = 200
+    """minibatch steps per timed block"""
+    blocks: int = 7
+    """timed blocks per path (interleaved); medians are reported"""
+
+
+@contextlib.contextmanager
+def plain_forward(module):
+    """Make the script's loss call its module directly: torch.func.functional_call with the
+    module's own parameters is then an ordinary forward pass (the textbook eager step)."""
+    original = module.torch.func.functional_call
+    module.torch.func.functional_call = lambda net, params, inputs: net(*inputs)
+    try:
+        yield
+    finally:
+        module.torch.func.functional_call = original
+
+
+def paths(module, obs_dim, act_dim, args):
+    """{name: (step(indices), compile seconds)} for the three ways of taking one minibatch step."""
+    torch.manual_seed(0)
+    script_args = module.Args()
+    g = torch.Generator().manual_seed(0)
+    flat = dict(obs=torch.randn(args.batch_size, obs_dim, generator=g),
+                actions=torch.randn(args.batch_size, act_dim, generator=g),
+                logprobs=torch.randn(args.batch_size, generator=g) - act_dim,
+                advantages=torch.randn(args.batch_size, generator=g), returns=torch.randn(args.batch_size, generator=g),
+                values=torch.randn(args.batch_size, generator=g),
+                proximal_logprobs=torch.randn(args.batch_size, generator=g) - act_dim)
+    lr = torch.tensor(script_args.learning_rate)
+    out = {}
+
+    reference = module.Agent(obs_dim, act_dim)
+    optimizer = torch.optim.Adam(reference.parameters(), lr=script_args.learning_rate, eps=1e-5, fused=True)
+
+    def textbook(indices):
+        mb = {key: value[indices] for key, value in flat.items()}
+        with plain_forward(module):
+            loss, _ = module.minibatch_loss(dict(reference.named_parameters()), reference, mb, script_args)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), script_args.max_grad_norm)
+        optimizer.step()
+
+    out["eager nn.Module + backward + torch.optim.Adam"] = (textbook, 0.0)
+    for name, compiled in [("train_step, eager (--no-compile)", False), ("train_step, compiled (default)", True)]:
+        agent = module.Agent(obs_dim, act_dim)
+        params = {key: p.detach() for key, p in agent.named_parameters()}
+        adam = module.adam_state(params)
+        step = functools.partial(module.train_step, agent=agent, args=script_args)
+        if compiled:
+            step = torch.compile(step, fullgraph=True)
+        start = time.perf_counter()
+        step(params, adam, flat, torch.arange(args.minibatch_size), lr)  # the first call compiles
+        out[name] = (functools.partial(lambda s, p, a, i: s(p, a, flat, i, lr), step, params, adam),
+                     time.perf_counter() - start if compiled else 0.0)
+    return out
+
+
+def main(args: Args):
+    torch.set_num_threads(1)
+    env = gym.make(args.env_id)
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    env.close()
+    g = torch.Generator().manual_seed(1)
+    print(f"{args.env_id} (observations {obs_dim}, actions {act_dim}), minibatch {args.minibatch_size}, "
+          f"{args.blocks} interleaved blocks of {args.steps} steps, microseconds per step (median):")
+    for script in args.scripts:
+        module = importlib.import_module(script)
+        timed = paths(module, obs_dim, act_dim, args)
+        blocks = {name: [] for name in timed}
+        for _ in range(args.blocks):
+            for name, (step, _) in timed.items():
+                indices = [torch.randperm(args.batch_size, generator=g)[: args.minibatch_size] for _ in range(args.steps)]
+                start = time.perf_counter()
+                for i in indices:
+                    step(i)
+                blocks[name].append((time.perf_counter() - start) / args.steps * 1e6)
+        medians = {name: statistics.median(values) for name, values in blocks.items()}
+        reference = medians["eager nn.Module + backward + torch.optim.Adam"]
+        print(f"\n{script}.py")
+        for name, median in medians.items():
+            compile_time = timed[name][1]
+            print(f"  {name:48s} {median:7.0f} us  {reference / median:5.2f}x"
+                  + (f"  (compiled in {compile_time:.1f} s)" if compile_time else ""))
+        torch._dynamo.reset()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
