@@ -107,9 +107,10 @@ class Args:
     gradient only of tokens whose update moves π back towards μ (VACO's token rule with its filter always on)"""
     epsilon_high: Optional[float] = None
     """`clip`: the upper clipping coefficient ε_high (clip-higher; DAPO uses 0.28); default: `--clip-coef`"""
-    tv_threshold: float = 0.0005
-    """`vaco`: δ, the total variation above which tokens are filtered. Not from the paper: below the TV
-    measured from minibatch 1 on at lr 1e-6 (docs: calibrate it from the `lag/tv_minibatch_k` curves)"""
+    tv_threshold: float = 0.005
+    """`vaco`: δ, the minibatch's total variation to μ above which its filter is on. Not from the paper: the
+    median TV of the stale minibatches measured at lr 1e-6 and N = 8 (docs: the rule, and how to apply it to
+    your run from its `lag/tv_minibatch_k` curves)"""
     dppo_delta: float = 0.2
     """`dppo-tv`: δ of DPPO's binary-TV mask, on each token's probability |π_θ(y_t) - μ(y_t)| (0.2, as DPPO recommends)"""
     beta: float = 0.0

@@ -706,3 +706,35 @@ def test_grpo_study_grid_rule_and_intervals(tmp_path):
     assert study.is_finished(vaco, str(tmp_path), 0.05) and not study.is_finished(vaco, str(tmp_path), 0.1)
     study.move_stale(vaco, str(tmp_path))
     assert sorted(os.listdir(tmp_path / "stale")) == ["vaco_half_N8__s2.csv", "vaco_half_N8__s2.json"]
+
+
+def test_gpu_smoke_command_on_the_cpu(tmp_path):
+    """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8,
+    its table and JSON in --out-dir, and the time budget that stops it starting another loss."""
+    smoke = [sys.executable, str(ROOT / "benchmark" / "grpo_gpu_smoke.py"), "--tiny", "--device", "cpu",
+             "--num-steps", "1", "--extra", "--num-threads 1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("OUT", None)
+    result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "all")], capture_output=True, text=True, timeout=300,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "all" / "grpo_gpu_smoke.json").read_text())
+    rows = {r["loss"]: r for r in saved["results"]}
+    assert list(rows) == ["clip", "vaco", "dppo-tv"] and saved["skipped"] == []
+    for r in rows.values():
+        assert r["steps"] == 1 and r["peak_memory_gib"] > 0 and r["gen_tokens_per_s"] > 0 and r["train_tokens_per_s"] > 0
+        assert len(r["tv"]) == 8 and r["tv"][0] == 0 and all(tv > 0 for tv in r["tv"][1:])  # lag from k = 1 on
+        assert r["completion_length"] == 8  # a random model does not stop: every completion is full length
+    # minibatch 0 has ρ = 1, where the three losses give the same update: the same TV at k = 1
+    assert rows["clip"]["tv"][1] == pytest.approx(rows["vaco"]["tv"][1], rel=1e-5)
+    assert rows["clip"]["tv"][1] == pytest.approx(rows["dppo-tv"]["tv"][1], rel=1e-5)
+    assert rows["vaco"]["filtered"] > 0 and rows["vaco"]["tv"][2:] != rows["clip"]["tv"][2:]  # the filter acted
+    table = (tmp_path / "all" / "grpo_gpu_smoke.md").read_text()
+    assert table.count("\n| clip |") == table.count("\n| vaco |") == table.count("\n| dppo-tv |") == 1
+    # a budget already spent: the first loss runs, the others are reported as not run
+    result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "cut"), "--time-budget", "0"], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "cut" / "grpo_gpu_smoke.json").read_text())
+    assert [r["loss"] for r in saved["results"]] == ["clip"] and saved["skipped"] == ["vaco", "dppo-tv"]
+    assert "Not run (time budget): vaco, dppo-tv." in (tmp_path / "cut" / "grpo_gpu_smoke.md").read_text()
