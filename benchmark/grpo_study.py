@@ -51,7 +51,7 @@ from grpo_forward_lag import CACHE, smollm2_dir  # noqa: E402
 from grpo_tv_calibration import DATA, delta_by_rule, write_problems  # noqa: E402
 
 OUT = os.path.join(ROOT, "benchmark", "results", "grpo_study")
-NUM_STEPS = 7
+NUM_STEPS = 6
 EVAL_SIZE = 300
 DPPO_DELTA = 0.2  # DPPO's recommendation for its binary-TV mask
 N = 8  # the lagged setting: minibatch k is trained k optimiser steps after generation
@@ -60,7 +60,7 @@ N = 8  # the lagged setting: minibatch k is trained k optimiser steps after gene
 # (4 prompts x 4; minibatches of 2 at N = 8) at T = 0.7 with a short-answer instruction, where this
 # 135M model starts near 33 %; lr 2e-5, where one step of lag is measurable and N = 1 learns within a
 # few steps. Sized for 2 hours on 2 cores shared with other work (one core's worth): a step takes
-# about a minute there, the evaluation of 300 problems three.
+# 1-1.5 minutes there, the evaluation of 300 problems about three.
 COMMON = ["--num-prompts", "4", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
           "--learning-rate", "2e-5", "--instruction", "Answer in one short sentence.", "--answer-extraction", "flexible",
           "--eval-size", str(EVAL_SIZE), "--eval-every", "0", "--eval-batch-size", "100", "--no-eval-before",
