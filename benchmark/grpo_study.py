@@ -283,8 +283,8 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
     before = load_json(os.path.join(out_dir, "before.json"))
     delta = load_json(os.path.join(out_dir, "delta.json"))
     acc0 = before["accuracy_before"] if before else math.nan
-    lines = ["# GRPO forward-lag study on the CPU (SmolLM2-135M-Instruct, generated arithmetic)", "",
-             "Written by `python benchmark/grpo_study.py --report` from the finished runs in this folder. "
+    lines = ["GRPO forward-lag study on the CPU (SmolLM2-135M-Instruct, generated arithmetic problems), written by "
+             "`python benchmark/grpo_study.py --report` from the finished runs in benchmark/results/grpo_study/. "
              f"Accuracy: greedy, on the same {EVAL_SIZE} held-out problems for every run, in %; before training "
              + (f"**{100 * acc0:.1f}** ({before['problems']} problems, the same for every run)." if before else "not measured yet."),
              "Intervals: mean over seeds and 95 % Student-t interval (3 seeds: ±4.30 standard errors); they show the "
@@ -335,7 +335,7 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
         lines += ["", f"Runs: {len(seconds)}, {statistics.median(seconds) / 60:.0f} minutes each (median wall-clock, "
                   "one thread, on a shared 2-core machine: indicative only)."]
     if figures_dir and runs:
-        lines += ["", *figures(runs, figures_dir)]
+        figures(runs, figures_dir)
     return "\n".join(lines) + "\n"
 
 
@@ -366,7 +366,6 @@ def figures(runs: dict, figures_dir: str) -> list:
     path = os.path.join(figures_dir, "grpo_study.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return [f"Figure: `{os.path.relpath(path, ROOT)}`."]
 
 
 # ------------------------------------------------------------------------------------------------
