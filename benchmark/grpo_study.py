@@ -119,8 +119,9 @@ class Run:
         return shlex.join(["python", "grpo_vaco_gsm8k.py", *self.argv(delta)])
 
 
-def grid(num_steps: int = NUM_STEPS, seeds=SEEDS):
-    return {phase: [Run(c, s, num_steps) for s in seeds for c in configs] for phase, configs in PHASE_ORDER.items()}
+def grid(num_steps: int = NUM_STEPS, seeds=SEEDS, configs=None):
+    return {phase: [Run(c, s, num_steps) for s in seeds for c in names if not configs or c in configs]
+            for phase, names in PHASE_ORDER.items()}
 
 
 def t_interval(values: list) -> tuple:
@@ -375,6 +376,9 @@ class Args:
     """runs at a time (each run uses one CPU thread)"""
     seeds: Optional[list[int]] = None
     """run only these seeds (default 1 2 3)"""
+    configs: Optional[list[str]] = None
+    """run only these configs (clip_N1 clip_N8 clip0_N8 vaco_N8 vaco_half_N8 vaco_double_N8 dppo_N8);
+    a vaco config needs clip_N8, from which δ is chosen"""
     out_dir: Optional[str] = None
     """where results go (default benchmark/results/grpo_study)"""
     num_steps: int = NUM_STEPS
@@ -401,11 +405,18 @@ def main(args: Args):
         return
     if args.jobs < 1:
         sys.exit(f"error: --jobs must be >= 1, got {args.jobs}")
-    phases = grid(args.num_steps, args.seeds or SEEDS)
+    unknown = sorted(set(args.configs or []) - set(CONFIGS))
+    if unknown:
+        sys.exit(f"error: unknown config(s) {', '.join(unknown)} (choose from {', '.join(CONFIGS)})")
+    if any(c.startswith("vaco") for c in args.configs or []) and "clip_N8" not in args.configs:
+        sys.exit("error: a vaco config needs clip_N8 too: δ is chosen from its runs")
+    phases = grid(args.num_steps, args.seeds or SEEDS, args.configs)
     saved_delta = load_json(os.path.join(out_dir, "delta.json"))
     delta = saved_delta["delta"] if saved_delta else None
     if args.list:
         for phase, runs in phases.items():
+            if not runs:
+                continue
             if phase == 2 and delta is None:
                 print("# phase 2: DELTA is chosen by the rule from the phase-1 clip_N8 runs (delta.json)")
             print("\n".join(r.command(delta) for r in runs))
@@ -450,6 +461,9 @@ def main(args: Args):
     print(f"[grpo study] phase 1: {len(phases[1])} runs, {len(todo1)} to go, {args.jobs} at a time -> {out_dir}", flush=True)
     run_all(todo1, None)
     clip8 = [r for r in phases[1] if r.config == "clip_N8"]
+    if not phases[2]:
+        write_atomic(os.path.join(out_dir, "report.md"), report(out_dir, args.figures_dir))
+        return
     if not all(is_finished(r, out_dir, None) for r in clip8):
         sys.exit("error: phase 1 is incomplete (a clip_N8 run failed): δ cannot be chosen yet")
     delta = choose_delta(out_dir, clip8)["delta"]
