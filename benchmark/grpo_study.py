@@ -279,6 +279,10 @@ def fmt_interval(values: list, scale: float = 100.0) -> str:
     return f"{scale * m:.1f} [{scale * lo:.1f}, {scale * hi:.1f}]"
 
 
+def fmt_range(values: list, scale: float = 100.0) -> str:
+    return f"{scale * statistics.mean(values):.1f} ({scale * min(values):.1f}–{scale * max(values):.1f})"
+
+
 def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
     runs = finished_runs(out_dir)
     before = load_json(os.path.join(out_dir, "before.json"))
@@ -294,7 +298,8 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
         lines += [f"δ by the rule (fixed before the runs): median TV of the stale minibatches k ≥ 1 of the `clip` runs at "
                   f"N = 8 = {delta['median_tv']:.5f} over {delta['values']} minibatches → **δ = {delta['delta']:g}** "
                   f"(neighbours {delta['delta'] / 2:g} and {2 * delta['delta']:g}).", ""]
-    lines += ["| config | seeds | accuracy after | change | per seed | reward, first 2 steps | reward, last 2 steps |",
+    lines += ["| config | seeds | accuracy after | change | per seed | reward, first 2 steps (seeds' range) | "
+              "reward, last 2 steps |",
               "|---|---|---|---|---|---|---|"]
     order = [c for c in LABELS if c in runs]
     for c in order:
@@ -303,7 +308,7 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
         last = [statistics.mean(r["reward"] for r in rows[-2:]) for _, rows in runs[c]]
         seeds = " ".join(str(m["seed"]) for m, _ in runs[c])
         lines.append(f"| {LABELS[c]} | {seeds} | {fmt_interval(accs)} | {fmt_interval([a - acc0 for a in accs])} | "
-                     f"{', '.join(f'{100 * a:.1f}' for a in accs)} | {fmt_interval(first)} | {fmt_interval(last)} |")
+                     f"{', '.join(f'{100 * a:.1f}' for a in accs)} | {fmt_range(first)} | {fmt_range(last)} |")
     # the lag and what each rule did, per minibatch index k, over all steps and seeds
     n8 = [c for c in order if c != "clip_N1"]
     if n8:
@@ -315,7 +320,7 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
                 f"{statistics.mean(r[f'tv_{k}'] for _, rows in runs[c] for r in rows):.4f}" for k in range(N)) + " |")
         if d is not None:
             lines += ["", f"Fraction of steps whose minibatch k had TV > δ = {d:g}: VACO's filter on (for the other "
-                      "losses: would have been; for vaco δ/2 and 2δ, at their own δ in the second row):", "",
+                      "losses: it would have been; vaco δ/2 and 2δ at their own δ):", "",
                       "| config | k ≥ 1 | " + " | ".join(f"k = {k}" for k in range(1, N)) + " |", "|---|---|" + "---|" * (N - 1)]
             for c in n8:
                 own = {"vaco_half_N8": d / 2, "vaco_double_N8": 2 * d}.get(c, d)
