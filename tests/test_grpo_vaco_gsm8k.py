@@ -212,7 +212,8 @@ def test_losses_ignore_padding_values():
     other = new.detach().clone()
     other[:, 3] = 123.0  # change what sits under the padding
     for fn in (lambda n: g.vaco_token_loss(n, mu, advantages, mask, 0.1),
-               lambda n: g.clip_token_loss(n, mu, advantages, mask, 0.2)):
+               lambda n: g.clip_token_loss(n, mu, advantages, mask, 0.2),
+               lambda n: g.dppo_tv_token_loss(n, mu, advantages, mask, 0.07)):
         first, second = fn(new.detach()), fn(other)
         assert all(torch.equal(a, b) for a, b in zip(first, second))
 
@@ -227,6 +228,52 @@ def test_clip_token_loss():
     assert clipped.tolist() == [[True, False, False, False], [False, False, False, False]]
     loss.backward()
     assert new.grad[0, 0] == 0 and new.grad[0, 1].item() == pytest.approx(-0.5 / 6)
+
+
+def test_clip_with_zero_coef_has_the_gradient_of_vaco_with_its_filter_on():
+    """ε = 0: ℓ = -min(ρA, A). Its gradient is -ρA where A(ρ - 1) ≤ 0 and 0 where A(ρ - 1) > 0: VACO's
+    token rule with the switch on. Only the values differ (the clip's flat branch is A, VACO's sg(ρA))."""
+    ratios, mu, new, advantages, mask = _loss_inputs()
+    clip_new, vaco_new = new.detach().clone().requires_grad_(True), new.detach().clone().requires_grad_(True)
+    clip_loss, clipped = g.clip_token_loss(clip_new, mu, advantages, mask, clip_coef=0.0)
+    vaco_loss, _, filtered = g.vaco_token_loss(vaco_new, mu, advantages, mask, tv_threshold=0.0)
+    # A=+1: min(1.5, 1), min(0.5, 1), min(1.15, 1); A=-2: min(-1.7, -2), min(-2.2, -2), min(-2, -2)
+    assert clip_loss.item() == pytest.approx(-(1 + 0.5 + 1 - 2 - 2.2 - 2) / 6, rel=1e-5)
+    assert torch.equal(clipped, filtered)  # ρ = 1 (row 2, token 3) keeps its gradient under both
+    clip_loss.backward()
+    vaco_loss.backward()
+    assert torch.allclose(clip_new.grad, vaco_new.grad, atol=1e-7)
+    assert clip_new.grad[1, 2].item() == pytest.approx(-1.0 * -2.0 / 6)  # the ρ = 1 token
+    # with the switch off (TV ≤ δ) VACO is the unclipped policy gradient: -ρA/6 on every valid token
+    off = new.detach().clone().requires_grad_(True)
+    g.vaco_token_loss(off, mu, advantages, mask, tv_threshold=1.0)[0].backward()
+    expected = -(ratios * advantages[:, None]) / 6 * mask
+    assert torch.allclose(off.grad, expected, atol=1e-6)
+
+
+def test_dppo_tv_token_loss_judges_each_probability_change():
+    """A worked example: the mask looks at π - μ of each token, in the direction of A, not at the ratio."""
+    mu = torch.log(torch.tensor([[0.01, 0.8, 0.3], [0.5, 0.6, 0.3]]))
+    probs = torch.tensor([[0.05, 0.95, 0.9], [0.3, 0.62, 0.9]])  # the last column is padding
+    new = torch.log(probs).requires_grad_(True)
+    advantages, mask = torch.tensor([1.0, -1.0]), torch.tensor([[1, 1, 0], [1, 1, 0]])
+    loss, masked = g.dppo_tv_token_loss(new, mu, advantages, mask, delta=0.1)
+    # A=+1: 0.01 -> 0.05 (ρ = 5, π - μ = 0.04 ≤ δ: kept, where PPO's clip would stop it);
+    #       0.8 -> 0.95 (ρ = 1.19 inside PPO's clip, but π - μ = 0.15 > δ: masked).
+    # A=-1: 0.5 -> 0.3 (π - μ = -0.2 < -δ: masked); 0.6 -> 0.62 (moved up, against A's push: kept).
+    assert masked.tolist() == [[False, True, False], [True, False, False]]
+    ratios = torch.tensor([[5.0, 0.95 / 0.8], [0.6, 0.62 / 0.6]])
+    # the value is the ratio surrogate over all 4 valid tokens, masked ones included
+    assert loss.item() == pytest.approx(-(5.0 + 0.95 / 0.8 - 0.6 - 0.62 / 0.6) / 4, rel=1e-5)
+    loss.backward()
+    # d(-ρA/4)/d log π = -ρA/4 on kept tokens, 0 on masked ones and on padding
+    assert torch.allclose(new.grad, torch.tensor([[-5.0 / 4, 0.0, 0.0], [0.0, (0.62 / 0.6) / 4, 0.0]]), atol=1e-6)
+    assert new.grad[0, 1] == 0 and new.grad[1, 0] == 0 and new.grad[:, 2].eq(0).all()  # exactly 0
+    # the same gradient as verl's form of the loss, -A · sg(ρ) · log π on the kept tokens
+    other = torch.log(probs).requires_grad_(True)
+    keep = (mask.bool() & ~masked).float()
+    (-(advantages[:, None] * torch.nn.functional.pad(ratios, (0, 1)) * other * keep).sum() / 4).backward()
+    assert torch.allclose(new.grad, other.grad, atol=1e-6)
 
 
 def test_clip_higher_and_the_low_clip_region():
@@ -416,6 +463,28 @@ def test_kl_term_is_zero_at_minibatch_zero_and_changes_the_gradient_later(tiny_m
     assert not all(torch.allclose(a, b) for a, b in zip(without.parameters(), with_kl.parameters()))
 
 
+def test_vaco_at_delta_zero_trains_as_clip_at_epsilon_zero(tiny_model_dir):
+    """A whole step, N = 2: minibatch 0 has ρ = 1 (no TV, VACO's filter off, the clip's bounds [1, 1]
+    do not bind); minibatch 1 has TV > 0 = δ (filter on). The two losses give the same update."""
+    clip, clip_stats = _step(tiny_model_dir, **{**LAG, "loss": "clip", "clip_coef": 0.0})
+    vaco, vaco_stats = _step(tiny_model_dir, **{**LAG, "loss": "vaco", "tv_threshold": 0.0})
+    assert [m["filter_on"] for m in vaco_stats["per_minibatch"]] == [0.0, 1.0]
+    assert vaco_stats["per_minibatch"][1]["filtered_fraction"] > 0
+    for a, b in zip(clip.parameters(), vaco.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    # ... and DPPO's mask with a δ that no probability change reaches is VACO with its filter never on
+    dppo, dppo_stats = _step(tiny_model_dir, **{**LAG, "loss": "dppo-tv", "dppo_delta": 0.999})
+    unfiltered, _ = _step(tiny_model_dir, **{**LAG, "loss": "vaco", "tv_threshold": 1e9})
+    assert all(m["masked_fraction"] == 0 for m in dppo_stats["per_minibatch"])
+    for a, b in zip(dppo.parameters(), unfiltered.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(dppo.parameters(), vaco.parameters()))
+    # with a small δ (this random model's probabilities are ~1/300) the mask acts on the stale minibatch
+    # only: at minibatch 0, π = μ
+    _, stats = _step(tiny_model_dir, **{**LAG, "loss": "dppo-tv", "dppo_delta": 0.0005})
+    assert stats["per_minibatch"][0]["masked_fraction"] == 0 and stats["per_minibatch"][1]["masked_fraction"] > 0
+
+
 def test_truncated_completions_get_no_gradient_when_masked(tiny_model_dir):
     common = dict(LAG, loss="clip", max_new_tokens=3)
     before = load(tiny_model_dir)[1]
@@ -558,6 +627,8 @@ def test_samples_markdown():
 def test_held_out_split(tiny_model_dir, jsonl_path):
     train, test = g.load_problems(tiny_args(tiny_model_dir, jsonl_path, eval_size=2))
     assert len(train) == 4 and len(test) == 2
+    # the same test problems for every seed: seeds change training, not what it is scored on
+    assert g.load_problems(tiny_args(tiny_model_dir, jsonl_path, eval_size=2, seed=7))[1] == test
     assert not {q for q, _ in train} & {q for q, _ in test}
     assert dict(train + test)[PROBLEMS[2][0]] == "950"  # gold parsed from '#### 950'
 
@@ -577,6 +648,8 @@ def bad_input(tmp_path, tiny_model_dir, jsonl_path):
         "no #### answer": (dict(dataset_path=str(no_gold)), "nogold.jsonl:1: malformed line"),
         "indivisible batch": (dict(num_prompts=3, group_size=2, num_minibatches=4), "not divisible by --num-minibatches 4"),
         "group of one": (dict(group_size=1), "--group-size must be at least 2"),
+        "negative clip": (dict(clip_coef=-0.1), "--clip-coef must be >= 0"),
+        "dppo delta of 1": (dict(dppo_delta=1.0), "--dppo-delta must be in (0, 1)"),
         "unknown model": (dict(model_id=str(tmp_path / "no_such_model")), "cannot load model"),
         "save path exists": (dict(save_model=True, save_path=str(existing)), "already exists"),
         "too few problems": (dict(eval_size=6), "need more than --eval-size 6"),
@@ -584,7 +657,8 @@ def bad_input(tmp_path, tiny_model_dir, jsonl_path):
 
 
 @pytest.mark.parametrize("case", ["missing dataset", "malformed line", "no #### answer", "indivisible batch",
-                                  "group of one", "unknown model", "save path exists", "too few problems"])
+                                  "group of one", "negative clip", "dppo delta of 1", "unknown model",
+                                  "save path exists", "too few problems"])
 def test_bad_input_is_one_line_and_exit_2(bad_input, tiny_model_dir, jsonl_path, capsys, case):
     overrides, message = bad_input[case]
     with pytest.raises(SystemExit) as exit_info:
@@ -602,3 +676,65 @@ def test_bad_input_from_the_command_line_has_no_traceback(tmp_path, tiny_model_d
     assert result.stderr.strip().splitlines() == [
         "error: the batch (--num-prompts 2 x --group-size 4 = 8 completions) is not divisible by --num-minibatches 3"
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU study's bookkeeping (benchmark/grpo_study.py): no model, no runs
+# ---------------------------------------------------------------------------------------------
+def test_grpo_study_grid_rule_and_intervals(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import grpo_study as study
+    from grpo_tv_calibration import delta_by_rule
+
+    phases = study.grid()
+    assert [r.name for r in phases[1][:2]] == ["clip_N8__s1", "clip_N1__s1"]  # δ needs the clip N = 8 runs first
+    assert sorted({r.config for p in phases.values() for r in p}) == sorted(study.CONFIGS)
+    assert len(phases[1]) + len(phases[2]) == 7 * 3
+    # the rule: median TV of the stale minibatches, one significant figure; the neighbours are δ/2 and 2δ
+    assert delta_by_rule([0.01, 0.03, 0.047, 0.05, 0.2]) == 0.05 and delta_by_rule([0.0012, 0.0014]) == 0.001
+    vaco = study.Run("vaco_half_N8", 2)
+    assert "--tv-threshold 0.025 " in vaco.command(0.05) and "--seed 2 " in vaco.command(0.05)
+    assert "--tv-threshold DELTA" in vaco.command(None)  # listed before δ is chosen
+    clip0 = study.Run("clip0_N8", 1).command(0.05)
+    assert "--loss clip --clip-coef 0 " in clip0 and "--num-minibatches 8" in clip0
+    # a mean and a 95 % t-interval over 3 seeds: 2 ± 4.303 · 1/√3
+    m, lo, hi = study.t_interval([1.0, 2.0, 3.0])
+    assert (m, hi - m) == pytest.approx((2.0, 4.303 / 3 ** 0.5)) and lo == pytest.approx(2 * m - hi)
+    # a run is finished only with its JSON holding the same command; a changed one goes to stale/
+    (tmp_path / "vaco_half_N8__s2.json").write_text(json.dumps({"command": vaco.command(0.05)}))
+    (tmp_path / "vaco_half_N8__s2.csv").write_text("step\n")
+    assert study.is_finished(vaco, str(tmp_path), 0.05) and not study.is_finished(vaco, str(tmp_path), 0.1)
+    study.move_stale(vaco, str(tmp_path))
+    assert sorted(os.listdir(tmp_path / "stale")) == ["vaco_half_N8__s2.csv", "vaco_half_N8__s2.json"]
+
+
+def test_gpu_smoke_command_on_the_cpu(tmp_path):
+    """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8,
+    its table and JSON in --out-dir, and the time budget that stops it starting another loss."""
+    smoke = [sys.executable, str(ROOT / "benchmark" / "grpo_gpu_smoke.py"), "--tiny", "--device", "cpu",
+             "--num-steps", "1", "--extra", "--num-threads 1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("OUT", None)
+    result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "all")], capture_output=True, text=True, timeout=300,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "all" / "grpo_gpu_smoke.json").read_text())
+    rows = {r["loss"]: r for r in saved["results"]}
+    assert list(rows) == ["clip", "vaco", "dppo-tv"] and saved["skipped"] == []
+    for r in rows.values():
+        assert r["steps"] == 1 and r["peak_memory_gib"] > 0 and r["gen_tokens_per_s"] > 0 and r["train_tokens_per_s"] > 0
+        assert len(r["tv"]) == 8 and r["tv"][0] == 0 and all(tv > 0 for tv in r["tv"][1:])  # lag from k = 1 on
+        assert r["completion_length"] == 8  # a random model does not stop: every completion is full length
+    # minibatch 0 has ρ = 1, where the three losses give the same update: the same TV at k = 1
+    assert rows["clip"]["tv"][1] == pytest.approx(rows["vaco"]["tv"][1], rel=1e-5)
+    assert rows["clip"]["tv"][1] == pytest.approx(rows["dppo-tv"]["tv"][1], rel=1e-5)
+    assert rows["vaco"]["filtered"] > 0 and rows["vaco"]["tv"][2:] != rows["clip"]["tv"][2:]  # the filter acted
+    table = (tmp_path / "all" / "grpo_gpu_smoke.md").read_text()
+    assert table.count("\n| clip |") == table.count("\n| vaco |") == table.count("\n| dppo-tv |") == 1
+    # a budget already spent: the first loss runs, the others are reported as not run
+    result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "cut"), "--time-budget", "0"], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "cut" / "grpo_gpu_smoke.json").read_text())
+    assert [r["loss"] for r in saved["results"]] == ["clip"] and saved["skipped"] == ["vaco", "dppo-tv"]
+    assert "Not run (time budget): vaco, dppo-tv." in (tmp_path / "cut" / "grpo_gpu_smoke.md").read_text()
