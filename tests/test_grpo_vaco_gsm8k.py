@@ -619,9 +619,14 @@ def test_final_evaluation_on_the_whole_test_split(tiny_model_dir, monkeypatch, t
     assert out.count("on 2 test problems") == 2 and out.count("on 4 test problems") == 1
 
 
-def test_samples_markdown():
-    text = g.samples_markdown([("What is 2+2?", "4"), ("Q2", "5")], ["It is\n\\boxed{4}", "no"], [1.0, 0.0], 1)
-    assert text == "**What is 2+2?** (gold 4, reward 1)\n\n    It is\n    \\boxed{4}"
+def test_samples_markdown_pairs_each_completion_with_its_problem_and_keeps_its_text():
+    problems = [("What is 2+2?", "4"), ("Q2", "5"), ("Q3", "6")]
+    completions = ["# not a heading\n\\boxed{4}", "", "third"]
+    blocks = g.samples_markdown(problems, completions, [1.0, 0.0, 0.5], 2).split("\n\n---\n\n")
+    assert len(blocks) == 2  # the first n only
+    # each completion under its own problem, gold and reward, indented: Markdown shows it verbatim
+    assert blocks[0] == "**What is 2+2?** (gold 4, reward 1)\n\n    # not a heading\n    \\boxed{4}"
+    assert blocks[1] == "**Q2** (gold 5, reward 0)\n\n    "  # an empty completion still shows as one
 
 
 def test_held_out_split(tiny_model_dir, jsonl_path):
