@@ -28,6 +28,8 @@ import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIAGNOSTICS = {"charts/backward_tv": "backward TV", "losses/filter_on_fraction": "filter on",
+               "losses/filtered_fraction": "detached", "losses/approx_kl": "approx KL"}
 
 
 @dataclass
@@ -97,7 +99,9 @@ def analyse(records, args):
         _, lag_mean = scalars(run_dir, "charts/policy_lag_mean")
         _, lag_max = scalars(run_dir, "charts/policy_lag_max")
         curve = rolling_mean(returns, args.window)
-        out.append({**record, "minutes": (record["end"] - record["start"]) / 60,
+        # how the lag shows in the update: means over the run's updates
+        diagnostics = {tag: float(np.mean(scalars(run_dir, tag)[1])) for tag in DIAGNOSTICS}
+        out.append({**record, **diagnostics, "minutes": (record["end"] - record["start"]) / 60,
                     "sps": args.total_timesteps / (record["end"] - record["start"]),
                     "final": float(returns[-args.window:].mean()), "lag_mean": float(lag_mean.mean()),
                     "lag_max": float(lag_max.max()),
@@ -110,14 +114,32 @@ def report(runs, args):
     target = np.mean([r["final"] for r in runs if r["name"] == "sync"])
     lines = [f"{args.env_id}, {args.total_timesteps:,} env steps per run, one run at a time. Final return: mean of "
              f"the last {args.window} training episodes. Time to target: first time the rolling mean of "
-             f"{args.window} episodes reaches the synchronous runs' mean final return, {target:.0f}.", "",
+             f"{args.window} episodes reaches the synchronous runs' mean final return, {target:.0f}. The last four "
+             "columns are means over the run's updates: TV(pi_T, beta) at the update's start, the share of "
+             "minibatches with the filter on, of samples detached, and the approximate KL of an update.", "",
              "| run | seed | wall time (min) | env steps/s | final return | lag mean / max (versions) "
-             "| time to target (min) |", "|-|-|-|-|-|-|-|"]
+             "| time to target (min) | " + " | ".join(DIAGNOSTICS.values()) + " |", "|-|-|-|-|-|-|-|-|-|-|-|"]
+    to_target = {}
     for r in sorted(runs, key=lambda r: (r["name"] != "sync", r["seed"])):
         reached = np.flatnonzero(r["curve"] >= target)
-        to_target = f"{r['curve_minutes'][reached[0]]:.1f}" if len(reached) else "not reached"
+        to_target[r["name"], r["seed"]] = r["curve_minutes"][reached[0]] if len(reached) else np.inf
+        shown = f"{to_target[r['name'], r['seed']]:.1f}" if len(reached) else "not reached"
         lines.append(f"| {r['name']} | {r['seed']} | {r['minutes']:.1f} | {r['sps']:.0f} | {r['final']:.0f} | "
-                     f"{r['lag_mean']:.2f} / {r['lag_max']:.0f} | {to_target} |")
+                     f"{r['lag_mean']:.2f} / {r['lag_max']:.0f} | {shown} | "
+                     + " | ".join(f"{r[tag]:.3f}" for tag in DIAGNOSTICS) + " |")
+    sync, fast = [r for r in runs if r["name"] == "sync"], [r for r in runs if r["name"] == "async"]
+    if sync and fast:
+        reach = np.median([to_target["async", r["seed"]] for r in fast])
+        wall = np.median([r["minutes"] for r in sync])
+        low, high = min(r["final"] for r in sync), max(r["final"] for r in sync)
+        inside = sum(low <= r["final"] <= high for r in fast)
+        lines += ["", f"Median over seeds: the asynchronous runs reach the target in "
+                  f"{'never' if np.isinf(reach) else f'{reach:.1f} min'}, against the synchronous runs' wall time of "
+                  f"{wall:.1f} min ({'-' if np.isinf(reach) else f'{reach / wall:.2f}'} of it). Final returns: "
+                  f"asynchronous mean {np.mean([r['final'] for r in fast]):.0f} (median "
+                  f"{np.median([r['final'] for r in fast]):.0f}), synchronous mean {target:.0f} (median "
+                  f"{np.median([r['final'] for r in sync]):.0f}); {inside} of {len(fast)} asynchronous runs end inside "
+                  f"the synchronous runs' range, {low:.0f} to {high:.0f}."]
     return "\n".join(lines)
 
 
@@ -130,15 +152,17 @@ def plot(runs, args, path):
     fig, ax = plt.subplots(figsize=(7, 4))
     colours = {"sync": "tab:blue", "async": "tab:orange"}
     labels = {"sync": "vaco_continuous.py --policy-buffer 1", "async": f"vaco_async.py --num-actors {args.num_actors}"}
-    for r in runs:
-        ax.plot(r["curve_minutes"], r["curve"], color=colours[r["name"]], alpha=0.85,
-                label=f"{labels[r['name']]}, seed {r['seed']}")
+    for name in colours:
+        mine = [r for r in runs if r["name"] == name]
+        for i, r in enumerate(mine):  # one line per seed, one legend entry per script
+            ax.plot(r["curve_minutes"], r["curve"], color=colours[name], alpha=0.8,
+                    label=f"{labels[name]} ({len(mine)} seeds)" if i == 0 else None)
     ax.set_xlabel("wall-clock minutes")
     ax.set_ylabel(f"return (rolling mean of {args.window} episodes)")
     ax.set_title(f"{args.env_id}, {args.total_timesteps:,} env steps per run")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=200)
 
 
 def main(args: Args):
