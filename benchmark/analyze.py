@@ -189,13 +189,19 @@ def fmt_interval(point, interval):
     return f"{point:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
-def aggregate_section(title, normalised, keys, tasks, metric, reps, seed):
+def titled(title, name, lines):
+    """A heading, then `lines` between snippet markers: the heading stays outside them, since a page
+    that includes the section has its own (a heading inside would repeat in the page's contents)."""
+    return [f"### {title}", "", *marked(name, lines)] if lines else []
+
+
+def aggregate_section(normalised, keys, tasks, metric, reps, seed):
     """A Markdown table of the aggregates of `keys` on `tasks`, and the estimates for plotting."""
     matrices = {f"{a} K={k}": m for a, k in keys if (m := score_matrix(normalised, (a, k), tasks, metric)) is not None}
     if not matrices:
         return [], {}, {}
     points, intervals = aggregates(matrices, reps, seed)
-    lines = [f"### {title}", "", f"Tasks: {', '.join(tasks)}. Normalised {metric} score; 95% stratified-bootstrap "
+    lines = [f"Tasks: {', '.join(tasks)}. Normalised {metric} score; 95% stratified-bootstrap "
              f"intervals ({reps} resamples).", "",
              "| algorithm | K | seeds | " + " | ".join(METRICS) + " |", "|-|-|-|" + "-|" * len(METRICS)]
     for name, m in matrices.items():
@@ -260,12 +266,12 @@ def main(args: Args):
     for metric in ("final", "auc"):
         if main_tasks:
             section, points, intervals = aggregate_section(
-                f"Aggregates, {metric} score", normalised, [k for k in keys if k[0] in MAIN_ALGORITHMS],
-                main_tasks, metric, args.reps, args.seed)
-            report += marked(f"aggregates_{metric}", section)
+                normalised, [k for k in keys if k[0] in MAIN_ALGORITHMS], main_tasks, metric, args.reps, args.seed)
+            report += titled(f"Aggregates, {metric} score", f"aggregates_{metric}", section)
             estimates[metric] = (points, intervals)
     if main_tasks:
-        report += marked("improvement", improvement_section(normalised, keys, main_tasks, ks, args.reps, args.seed))
+        report += titled("Probability of improvement of VACO (final score)", "improvement",
+                         improvement_section(normalised, keys, main_tasks, ks, args.reps, args.seed))
     report += baselines_sections(raw, normalised, ks, args.reps, args.seed, main_tasks)
     if sweep_tasks:
         report += ["## TV threshold sweep", ""]
@@ -297,9 +303,10 @@ def baselines_sections(raw, normalised, ks, reps, seed, main_tasks=None):
     if len(present) <= 2 or "vaco" not in present or not tasks or repeated:
         return []
     keys = [(a, k) for k in base_ks for a in present]
-    section, _, _ = aggregate_section("Baselines and ablations, final score", normalised, keys, tasks, "final", reps, seed)
-    return (marked("baselines", section)
-            + marked("baselines_improvement", improvement_section(normalised, keys, tasks, base_ks, reps, seed)))
+    section, _, _ = aggregate_section(normalised, keys, tasks, "final", reps, seed)
+    return (titled("Baselines and ablations, final score", "baselines", section)
+            + titled("Probability of improvement of VACO over the baselines (final score)", "baselines_improvement",
+                     improvement_section(normalised, keys, tasks, base_ks, reps, seed)))
 
 
 def improvement_section(normalised, keys, tasks, ks, reps, seed):
@@ -313,8 +320,7 @@ def improvement_section(normalised, keys, tasks, ks, reps, seed):
     if not pairs:
         return []
     points, intervals = probability_of_improvement(pairs, reps, seed)
-    lines = ["### Probability of improvement of VACO (final score)", "",
-             "P(VACO > X): the probability that a run of VACO beats a run of X on a task drawn at random, "
+    lines = ["P(VACO > X): the probability that a run of VACO beats a run of X on a task drawn at random, "
              "with 95% stratified-bootstrap intervals. 0.5 = no difference.", "",
              "| X | K | P(VACO > X) |", "|-|-|-|"]
     for name in pairs:
@@ -368,6 +374,44 @@ def sweep_section(runs, normalised, sweep, tasks, reps, seed, out):
 
 
 # --- figures ------------------------------------------------------------------------------------
+# Drawn for a docs column of 6.4 in (1280 px at FIGURE_DPI; the page shows it at its column's
+# width): at most two panels a row, so that on a phone (about 400 px wide) a panel is still half
+# the screen; every axis labelled, legends at FONT["legend.fontsize"] pt and outside the data.
+
+FIGURE_DPI = 200
+FIGURE_WIDTH = 6.4
+FONT = {"font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "xtick.labelsize": 11,
+        "ytick.labelsize": 11, "legend.fontsize": 11, "legend.title_fontsize": 11, "figure.titlesize": 12}
+# one colour per algorithm in every figure (matplotlib's tab10); the sweep's variants take the rest
+COLOURS = dict(zip(MAIN_ALGORITHMS, [f"C{i}" for i in range(len(MAIN_ALGORITHMS))]))
+SWEEP_COLOURS = ["C8", "C9", "black", "C7", "gold", "navy"]
+
+
+def colour(algorithm, sweep=()):
+    if algorithm in COLOURS:
+        return COLOURS[algorithm]
+    return SWEEP_COLOURS[sorted(sweep).index(algorithm) % len(SWEEP_COLOURS)] if algorithm in sweep else "black"
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path):
+    fig.savefig(path, dpi=FIGURE_DPI)
+    pyplot().close(fig)
+
+
+def k_list(ks):
+    """"K = 1 and 8", "K = 1, 2 and 8"."""
+    ks = [str(k) for k in ks]
+    return "K = " + (ks[0] if len(ks) == 1 else ", ".join(ks[:-1]) + " and " + ks[-1])
+
 
 @dataclass
 class FigureFolder:
@@ -383,48 +427,50 @@ class FigureFolder:
 
 
 def delta_figure(plot, sweep, path):
-    import matplotlib
+    """IQM against delta for each reference of the filter: rows final and AUC score, columns K = 1, 8."""
+    plt = pyplot()
+    with plt.rc_context(FONT):
+        fig, axes = plt.subplots(2, 2, figsize=(FIGURE_WIDTH, 6.4), layout="constrained", squeeze=False)
+        handles = {}
+        for row, metric in enumerate(("final", "auc")):
+            for col, k in enumerate((1, 8)):
+                ax = axes[row][col]
+                for reference, marker, c in (("behaviour", "o", "C0"), ("proximal", "s", "C1")):
+                    pts = sorted((float(a.rsplit("-", 1)[1]), plot[(a, k)][metric]) for a in sweep
+                                 if a.startswith(f"vaco-{reference}-") and metric in plot.get((a, k), {}))
+                    if pts:
+                        deltas = [d for d, _ in pts]
+                        iqm = np.array([p[0][1] for _, p in pts])
+                        lo, hi = np.array([p[1][0, 1] for _, p in pts]), np.array([p[1][1, 1] for _, p in pts])
+                        handles[reference] = ax.errorbar(deltas, iqm, yerr=[iqm - lo, hi - iqm], marker=marker,
+                                                         color=c, capsize=3, lw=1.8)
+                if metric in plot.get(("ppo", k), {}):
+                    handles["ppo"] = ax.axhline(plot[("ppo", k)][metric][0][1], color="grey", lw=1.2, ls="--")
+                ax.set_xscale("log")
+                ax.set_xticks(DELTAS, [str(d) for d in DELTAS])
+                ax.minorticks_off()
+                ax.set_xlabel("TV threshold δ")
+                ax.set_ylabel("IQM (1 = PPO at K = 1)")
+                ax.set_title(f"K = {k}, {'AUC' if metric == 'auc' else metric} score"
+                             + (" (proximal = behaviour)" if k == 1 else ""))
+                ax.grid(True, alpha=0.25)
+        labels = {"behaviour": r"TV against the behaviour policy $\beta$",
+                  "proximal": r"TV against the proximal policy $\pi_T$", "ppo": "PPO at the same K"}
+        order = [name for name in labels if name in handles]
+        fig.legend([handles[n] for n in order], [labels[n] for n in order], loc="outside upper center", ncol=2,
+                   title="normalised IQM with 95 % interval")
+    save(fig, path)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2), sharey=False)
-    for col, (k, metric) in enumerate([(1, "final"), (8, "final"), (1, "auc"), (8, "auc")]):
-        ax = axes[col]
-        for reference, marker in (("behaviour", "o"), ("proximal", "s")):
-            pts = sorted((float(a.rsplit("-", 1)[1]), plot[(a, k)][metric]) for a in sweep
-                         if a.startswith(f"vaco-{reference}-") and metric in plot.get((a, k), {}))
-            if pts:
-                deltas = [d for d, _ in pts]
-                iqm = np.array([p[0][1] for _, p in pts])
-                lo, hi = np.array([p[1][0, 1] for _, p in pts]), np.array([p[1][1, 1] for _, p in pts])
-                ax.errorbar(deltas, iqm, yerr=[iqm - lo, hi - iqm], marker=marker, capsize=3, label=reference)
-        if metric in plot.get(("ppo", k), {}):
-            ax.axhline(plot[("ppo", k)][metric][0][1], color="grey", lw=1, ls="--", label=f"PPO, K = {k}")
-        ax.set_xscale("log")
-        ax.set_xticks(DELTAS, [str(d) for d in DELTAS])
-        ax.minorticks_off()
-        ax.legend(fontsize=7)
-        ax.set_xlabel("TV threshold δ")
-        ax.set_title(f"K = {k}, {metric} score" + (" (proximal = behaviour)" if k == 1 else ""), fontsize=9)
-    axes[0].set_ylabel("normalised IQM (1 = sync PPO)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def lag_figure(points, intervals, ks, main_tasks, path):
+    """Normalised IQM of the final score against K, every main algorithm, with 95% intervals."""
+    plt = pyplot()
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-
-def figures(raw, runs, keys, ks, main_tasks, estimates, out, sweep=()):
-    """Lag-robustness (IQM vs K), aggregate intervals, learning curves (PPO, VACO, SPO, and the
-    sweep's variants when there are few of them, e.g. the finalists); returns Markdown lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lines = ["## Figures", ""]
-    if "final" in estimates:
-        points, intervals = estimates["final"]
-        fig, ax = plt.subplots(figsize=(6, 3.8))
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 5.4), layout="constrained")
+        partial = {}  # algorithm: the Ks it ran at, when fewer than all
         for algorithm in MAIN_ALGORITHMS:
             pts = [(k, points[f"{algorithm} K={k}"][1], intervals[f"{algorithm} K={k}"][:, 1]) for k in ks
                    if f"{algorithm} K={k}" in points]
@@ -433,60 +479,120 @@ def figures(raw, runs, keys, ks, main_tasks, estimates, out, sweep=()):
                 y = np.array([p[1] for p in pts])
                 lo, hi = np.array([p[2][0] for p in pts]), np.array([p[2][1] for p in pts])
                 complete = len(x) == len(ks)
-                line, = ax.plot(x, y, marker="o", label=algorithm, lw=2.2 if algorithm in ("ppo", "vaco") else 1.2,
-                                ls="-" if complete else "--")
+                c = colour(algorithm)
+                ax.plot(x, y, marker="o", label=algorithm, color=c, lw=2.4 if algorithm in ("ppo", "vaco") else 1.4,
+                        ls="-" if complete else "--")
                 if complete:
-                    ax.fill_between(x, lo, hi, alpha=0.15, color=line.get_color())
+                    ax.fill_between(x, lo, hi, alpha=0.15, color=c)
                 else:  # run at fewer K: dashed line, intervals only where measured
-                    ax.errorbar(x, y, yerr=[y - lo, hi - y], fmt="none", ecolor=line.get_color(), capsize=3, lw=1)
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+                    partial[algorithm] = x
+                    ax.errorbar(x, y, yerr=[y - lo, hi - y], fmt="none", ecolor=c, capsize=3, lw=1)
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
         ax.set_xlabel("policy lag K (actors act with one of the last K policies)")
-        ax.set_ylabel("normalised IQM of final score")
-        ax.set_title(f"Lag robustness ({', '.join(t.split('-')[0] for t in main_tasks)})")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out.path("lag_robustness.png"), dpi=110)
-        plt.close(fig)
-        lines += [f"![lag robustness]({out.link('lag_robustness.png')})", ""]
+        ax.set_ylabel("IQM of normalised final score\n(1 = PPO at K = 1)")
+        fig.suptitle(f"Lag robustness ({', '.join(t.split('-')[0] for t in main_tasks)})")
+        ax.grid(True, alpha=0.25)
+        fig.legend(loc="outside upper center", ncol=4)
+        style = [((Line2D([], [], color="grey", lw=2), Patch(color="grey", alpha=0.15)),
+                  "run at every K: solid line, band = 95 % interval")]
+        if partial:
+            measured = sorted({tuple(x) for x in partial.values()})
+            where = k_list(measured[0]) + " only" if len(measured) == 1 else "fewer K"
+            style.append((Line2D([], [], color="grey", lw=1.4, ls="--", marker="o"),
+                          f"run at {where}: the dashed line only joins the measured\n"
+                          "points, bars = 95 % interval"))
+        fig.legend(*zip(*style), loc="outside lower center", handlelength=2.5)
+    save(fig, path)
 
-        from rliable import plot_utils
 
-        for k in (1, max(ks)):
-            names = [f"{a} K={k}" for a in MAIN_ALGORITHMS if f"{a} K={k}" in points]
-            if names:
-                fig, _ = plot_utils.plot_interval_estimates(
-                    {n: points[n] for n in names}, {n: intervals[n] for n in names}, metric_names=METRICS,
-                    algorithms=names, xlabel="normalised final score")
-                fig.savefig(out.path(f"aggregates_K{k}.png"), dpi=110, bbox_inches="tight")
-                plt.close(fig)
-                lines += [f"![aggregates K={k}]({out.link(f'aggregates_K{k}.png')})", ""]
+def interval_figure(points, intervals, algorithms, k, tasks, path):
+    """rliable's aggregate intervals of METRICS at one K, a 2 x 2 grid (one metric a panel)."""
+    plt = pyplot()
+    with plt.rc_context(FONT):
+        fig, axes = plt.subplots(2, 2, figsize=(FIGURE_WIDTH, 1.7 + 0.56 * len(algorithms)), sharey=True,
+                                 layout="constrained")
+        for i, (ax, metric) in enumerate(zip(axes.flat, METRICS)):
+            for row, algorithm in enumerate(algorithms):
+                name = f"{algorithm} K={k}"
+                lo, hi = intervals[name][:, i]
+                ax.barh(row, hi - lo, left=lo, height=0.6, color=colour(algorithm), alpha=0.75)
+                ax.vlines(points[name][i], row - 0.3, row + 0.3, color="black", lw=1.5)
+            ax.set_title(metric + (" (lower is better)" if metric == "Optimality Gap" else ""))
+            ax.set_xlabel("normalised final score")
+            ax.xaxis.set_major_locator(plt.MaxNLocator(4))
+            ax.grid(True, axis="x", alpha=0.25)
+            for side in ("top", "right", "left"):
+                ax.spines[side].set_visible(False)
+        axes[0][0].set_yticks(range(len(algorithms)), algorithms)
+        axes[0][0].invert_yaxis()  # the first algorithm on top
+        for row in axes:
+            row[0].set_ylabel("algorithm")
+        fig.suptitle(f"K = {k}: point estimate (black) and 95 % interval, {', '.join(t.split('-')[0] for t in tasks)}")
+    save(fig, path)
 
-    tasks = sorted({t for key in keys for t in raw[key]})
-    fig, axes = plt.subplots(len(tasks), len(ks), figsize=(3.2 * len(ks), 2.4 * len(tasks)), squeeze=False)
-    curves = defaultdict(list)
+
+def curves_figure(runs, keys, ks, sweep, path):
+    """Learning curves (PPO, VACO, SPO, and the sweep's variants when there are few of them, e.g.
+    the finalists): one panel per task and K, two panels a row."""
+    plt = pyplot()
+    tasks = sorted({t for key in keys for t in keys[key]})
+    panels = [(t, k) for t in tasks for k in ks]
+    cols = 2 if len(panels) > 1 else 1
+    rows = -(-len(panels) // cols)
+    curves, steps = defaultdict(list), {}
     shown = {"ppo", "vaco", "spo"} | (set(sweep) if len(sweep) <= 3 else set())
-    for meta, rows in runs:
+    for meta, rows_ in runs:
         if meta["algorithm"] in shown:
-            curves[(meta["task"], meta["k"], meta["algorithm"])].append(
-                slice_scores(rows, meta["total_timesteps"], slices=50))
-    for (task, k, algorithm), cs in sorted(curves.items()):
-        ax = axes[tasks.index(task)][ks.index(k)]
-        c = np.array(cs)
-        x = np.linspace(0, 1, c.shape[1] + 1)[1:]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean, std = np.nanmean(c, 0), np.nanstd(c, 0)
-        ax.plot(x, mean, label=f"{algorithm} ({len(cs)})")
-        ax.fill_between(x, mean - std, mean + std, alpha=0.2)
-        ax.set_title(f"{task}, K = {k}", fontsize=9)
-        ax.legend(fontsize=6)
-    for ax in axes[-1]:
-        ax.set_xlabel("fraction of training")
-    fig.tight_layout()
-    fig.savefig(out.path("learning_curves.png"), dpi=90)
-    plt.close(fig)
+            key = (meta["task"], meta["k"], meta["algorithm"])
+            curves[key].append(slice_scores(rows_, meta["total_timesteps"], slices=50))
+            steps[key] = max(steps.get(key, 0), meta["total_timesteps"])
+    order = [a for a in MAIN_ALGORITHMS if a in shown] + sorted(set(sweep) & shown)
+    seeds, handles = defaultdict(set), {}
+    with plt.rc_context(FONT):
+        fig, axes = plt.subplots(rows, cols, figsize=(FIGURE_WIDTH, 2.35 * rows + 1.1), squeeze=False,
+                                 layout="constrained")
+        for ax in axes.flat[len(panels):]:
+            ax.set_visible(False)
+        for (task, k), ax in zip(panels, axes.flat):
+            for algorithm in order:
+                cs = curves.get((task, k, algorithm))
+                if not cs:
+                    continue
+                c = np.array(cs)
+                x = np.linspace(0, steps[(task, k, algorithm)], c.shape[1] + 1)[1:] / 1e6
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    mean, std = np.nanmean(c, 0), np.nanstd(c, 0)
+                handles[algorithm], = ax.plot(x, mean, color=colour(algorithm, sweep), lw=1.6)
+                ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=colour(algorithm, sweep), lw=0)
+                seeds[algorithm].add(len(cs))
+            ax.set_title(f"{task}, K = {k}")
+            ax.set_xlabel("env steps (millions)")
+            ax.set_ylabel("episode return")
+            ax.grid(True, alpha=0.25)
+        legend = [a for a in order if a in handles]
+        n = {a: (f"{min(seeds[a])}" if len(seeds[a]) == 1 else f"{min(seeds[a])}–{max(seeds[a])}") for a in legend}
+        fig.legend([handles[a] for a in legend], [f"{a} ({n[a]} seeds)" for a in legend], loc="outside upper center",
+                   ncol=2, title="mean over seeds (line) ± one std (band)")
+    save(fig, path)
+
+
+def figures(raw, runs, keys, ks, main_tasks, estimates, out, sweep=()):
+    """Lag robustness (IQM against K), aggregate intervals, learning curves; returns Markdown lines."""
+    lines = ["## Figures", ""]
+    if "final" in estimates:
+        points, intervals = estimates["final"]
+        lag_figure(points, intervals, ks, main_tasks, out.path("lag_robustness.png"))
+        lines += [f"![lag robustness]({out.link('lag_robustness.png')})", ""]
+        for k in (1, max(ks)):
+            algorithms = [a for a in MAIN_ALGORITHMS if f"{a} K={k}" in points]
+            if algorithms:
+                interval_figure(points, intervals, algorithms, k, main_tasks, out.path(f"aggregates_K{k}.png"))
+                lines += [f"![aggregates K={k}]({out.link(f'aggregates_K{k}.png')})", ""]
+    curves_figure(runs, {key: raw[key] for key in keys}, ks, sweep, out.path("learning_curves.png"))
     return lines + [f"![learning curves]({out.link('learning_curves.png')})", "",
                     "Learning curves: mean ± std over seeds (their number in brackets) of the return "
                     "of episodes ending in each 2% of training.", ""]

@@ -92,6 +92,75 @@ def test_analysis_end_to_end(tmp_path):
     for figure in ("lag_robustness.png", "aggregates_K1.png", "aggregates_K8.png", "learning_curves.png"):
         assert os.path.getsize(os.path.join(folder, figure)) > 1000
     assert "start:baselines" not in report  # PPO and VACO only: no baselines section
+    # a page that includes a section gives it a heading: the section carries none (a heading in it
+    # would repeat in the page's table of contents when two reports' sections are included)
+    inside = False
+    for line in report.splitlines():
+        inside = (inside or "--8<-- [start:" in line) and "--8<-- [end:" not in line
+        assert not (inside and line.startswith("#")), f"a heading inside a snippet section: {line!r}"
+    assert "### Aggregates, final score\n\n<!-- --8<-- [start:aggregates_final] -->" in report
+
+
+def readable(fig, legend=True):
+    """What every figure of analyze.py promises: every axis labelled, no text under 9 pt, at most
+    two panels a row, a width that a docs column shows without shrinking it much, and a legend
+    (unless the tick labels name what is drawn, as in the aggregates' interval plots)."""
+    import matplotlib.text
+
+    assert fig.get_figwidth() <= analyze.FIGURE_WIDTH + 1e-9
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert panels
+    for ax in panels:
+        assert ax.get_xlabel(), f"{ax.get_title()!r}: no x label"
+        shared = ax.get_shared_y_axes().get_siblings(ax)
+        assert any(a.get_ylabel() for a in shared), f"{ax.get_title()!r}: no y label"
+    assert len({round(ax.get_position().x0, 2) for ax in panels}) <= 2, "more than two panels a row"
+    sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text()]
+    assert min(sizes) >= 9
+    legends = fig.legends + [ax.get_legend() for ax in panels if ax.get_legend()]
+    assert legends or not legend, "no legend"
+    assert all(t.get_fontsize() >= 9 for legend in legends for t in legend.get_texts())
+
+
+def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, monkeypatch):
+    from PIL import Image
+
+    folder = str(tmp_path)
+    randoms = {"TaskA-v4": 0.0, "TaskB-v4": 100.0}
+    with open(os.path.join(folder, "random_scores.json"), "w") as f:
+        json.dump(randoms, f)
+    for seed in (1, 2):
+        for task, base in randoms.items():
+            for k in (1, 2, 4, 8):
+                write_run(folder, task, "ppo", k, seed, [base + 20 - k + seed] * 10)
+                write_run(folder, task, "vaco", k, seed, [base + 30 - k + seed] * 10)
+            for k in (1, 8):  # a baseline at two of the four Ks: a dashed line
+                write_run(folder, task, "spo", k, seed, [base + 10 + seed] * 10)
+            for k in (1, 8):
+                write_run(folder, task, "vaco-behaviour-0.1", k, seed, [base + 25 + seed] * 10)
+            write_run(folder, task, "vaco-proximal-0.1", 8, seed, [base + 24 + seed] * 10)
+    saved = {}
+    save = analyze.save
+    monkeypatch.setattr(analyze, "save", lambda fig, path: (saved.__setitem__(os.path.basename(path), fig),
+                                                              save(fig, path)))
+    analyze.main(analyze.Args(results_dir=folder, reps=50))
+    assert sorted(saved) == ["aggregates_K1.png", "aggregates_K8.png", "delta_sensitivity.png", "lag_robustness.png",
+                             "learning_curves.png"]
+    for name, fig in saved.items():
+        readable(fig, legend=not name.startswith("aggregates"))
+        image = Image.open(os.path.join(folder, name))
+        assert image.info["dpi"][0] == pytest.approx(analyze.FIGURE_DPI, abs=0.5), name  # 2x a screen's 96 dpi
+        assert image.size[0] == round(fig.get_figwidth() * analyze.FIGURE_DPI), name
+    # SPO ran at K = 1 and 8 only: the figure says that its dashed line only joins those two
+    texts = [t.get_text() for legend in saved["lag_robustness.png"].legends for t in legend.get_texts()]
+    assert any("K = 1 and 8 only" in t and "dashed" in t for t in texts), texts
+    lines = {line.get_label(): line.get_linestyle() for line in saved["lag_robustness.png"].axes[0].get_lines()}
+    assert lines["spo"] == "--" and lines["ppo"] == lines["vaco"] == "-"
+    curves = saved["learning_curves.png"]
+    assert len([ax for ax in curves.axes if ax.get_visible()]) == 2 * 4  # 2 tasks x 4 Ks, two a row
+    labels = [t.get_text() for t in curves.legends[0].get_texts()]
+    assert labels == ["ppo (2 seeds)", "spo (2 seeds)", "vaco (2 seeds)", "vaco-behaviour-0.1 (2 seeds)",
+                      "vaco-proximal-0.1 (2 seeds)"]
 
 
 def test_baselines_are_compared_on_the_tasks_they_ran(tmp_path):
