@@ -493,7 +493,7 @@ def lag_figure(points, intervals, ks, main_tasks, path):
         ax.minorticks_off()
         ax.set_xlabel("policy lag K (actors act with one of the last K policies)")
         ax.set_ylabel("IQM of normalised final score\n(1 = PPO at K = 1)")
-        fig.suptitle(f"Lag robustness ({', '.join(t.split('-')[0] for t in main_tasks)})")
+        ax.set_title(f"Lag robustness ({', '.join(t.split('-')[0] for t in main_tasks)})")
         ax.grid(True, alpha=0.25)
         fig.legend(loc="outside upper center", ncol=4)
         style = [((Line2D([], [], color="grey", lw=2), Patch(color="grey", alpha=0.15)),
@@ -520,7 +520,8 @@ def interval_figure(points, intervals, algorithms, k, tasks, path):
                 lo, hi = intervals[name][:, i]
                 ax.barh(row, hi - lo, left=lo, height=0.6, color=colour(algorithm), alpha=0.75)
                 ax.vlines(points[name][i], row - 0.3, row + 0.3, color="black", lw=1.5)
-            ax.set_title(metric + (" (lower is better)" if metric == "Optimality Gap" else ""))
+            ax.set_title(metric + ("\n(lower is better)" if metric == "Optimality Gap" else ""))
+            ax.margins(x=0.08)
             ax.set_xlabel("normalised final score")
             ax.xaxis.set_major_locator(plt.MaxNLocator(4))
             ax.grid(True, axis="x", alpha=0.25)
@@ -530,7 +531,7 @@ def interval_figure(points, intervals, algorithms, k, tasks, path):
         axes[0][0].invert_yaxis()  # the first algorithm on top
         for row in axes:
             row[0].set_ylabel("algorithm")
-        fig.suptitle(f"K = {k}: point estimate (black) and 95 % interval, {', '.join(t.split('-')[0] for t in tasks)}")
+        fig.suptitle(f"K = {k}, {', '.join(t.split('-')[0] for t in tasks)}:\npoint estimate (black) and 95 % interval")
     save(fig, path)
 
 
