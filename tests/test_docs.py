@@ -139,6 +139,125 @@ def test_python_code_in_the_docs_is_included_not_copied():
             i = j + 1
 
 
+# ---- Markdown that renders other than it reads -------------------------------------------------
+
+LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+\S")
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+# Lines that are blocks of their own, not paragraph text: a list may follow them directly.
+# Headings, table rows, HTML (comments, <details>), admonitions and tabs, display math, rules,
+# block quotes, attribute lists and the end of a fence.
+NOT_PARAGRAPH = re.compile(r"^\s*(?:#|\||<|!!!|\?\?\?|===|\$\$|---|\*\*\*|___|>|\{|`{3}|~{3})")
+# Files that a page includes and another change replaces; each entry names the known problem.
+# Remove an entry as soon as its file is fixed (the test then fails if the entry is stale).
+LIST_AFTER_PARAGRAPH_KNOWN: set = set()
+
+
+def file_lines(path, section=None):
+    """(text, "file:line") of a file's lines, or of one marked section's; marker lines dropped, as
+    pymdownx.snippets drops them."""
+    rel, out, inside = Path(path).relative_to(ROOT).as_posix(), [], section is None
+    for lineno, line in enumerate(read(path).splitlines(), 1):
+        m = MARKER.match(line) if "--8<-- [" in line and ";--8<--" not in line else None
+        if m:
+            if section is not None and m.group(2) == section:
+                inside = m.group(1) == "start"
+            continue
+        if inside:
+            out.append((line, f"{rel}:{lineno}"))
+    return out
+
+
+def as_markdown_reads(path, section=None, depth=0):
+    """The lines of a page as Markdown receives them after pymdownx.snippets: every include of a
+    Markdown file replaced by its lines (indented like the include line), recursively, each with the
+    file:line it is written at. Includes of code (.py) stand in as one line: they sit in fences."""
+    assert depth < 5, f"{path}: includes nested too deep (a cycle?)"
+    out = []
+    for line, origin in file_lines(path, section):
+        m = INCLUDE.match(line)
+        if not m:
+            out.append((line, origin))
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        target, section_name = m.group(1), None
+        head, _, tail = target.rpartition(":")
+        if head and SECTION_NAME.fullmatch(tail):
+            target, section_name = head, tail
+        if not target.endswith(".md"):
+            out.append((indent + "(code)", origin))
+            continue
+        out += [(indent + text if text.strip() else text, where)
+                for text, where in as_markdown_reads(ROOT / target, section_name, depth + 1)]
+    return out
+
+
+def lists_after_paragraphs(lines):
+    """(origin, item) of every list item written on the line after paragraph text. Python-Markdown
+    starts a list only after a blank line (or a block such as a heading or a table): without one the
+    items run on as text of the paragraph. Lines in fences and display math are skipped; a list item
+    after a list item, or after a continuation line of one, is a list going on."""
+    found, fence, math, prev, after_blank, list_indent = [], None, False, None, True, None
+    for text, origin in lines:
+        stripped, indent = text.strip(), len(text) - len(text.lstrip())
+        if fence:
+            if re.fullmatch(rf"{re.escape(fence[0])}{{{len(fence)},}}", stripped):
+                fence, prev = None, "```"
+            continue
+        if math:
+            math, prev = stripped != "$$", "$$"
+            continue
+        if not stripped:
+            prev, after_blank = None, True
+            continue
+        m = FENCE.match(text)
+        if m:
+            fence, prev, after_blank = m.group(1), "```", False
+            continue
+        if stripped == "$$":
+            math = True
+            continue
+        if LIST_ITEM.match(text):
+            if prev is not None and list_indent is None and not NOT_PARAGRAPH.match(prev):
+                found.append((origin, stripped))
+            if list_indent is None:
+                list_indent = indent
+        elif list_indent is not None and after_blank and indent <= list_indent:
+            list_indent = None  # a block at the list's level after a blank line: the list has ended
+        prev, after_blank = text, False
+    return found
+
+
+@pytest.mark.parametrize("text, flagged", [
+    ("Text:\n- a\n- b", ["- a"]),
+    ("    Text in an admonition:\n    1. a", ["1. a"]),
+    ("Text:\n\n- a\n- b\n  wrapped\n- c", []),  # blank line; items and their continuation lines
+    ("- a\nlazy continuation\n- b\n\n  para of b\n  - nested", []),
+    ("```text\nText:\n- a\n```\n- after a fence", []),
+    ("| a | b |\n|-|-|\n- after a table", []),
+    ("## Heading\n- a\n\n<!-- comment -->\n- b", []),
+    ("- a\n\nNew paragraph:\n- b", ["- b"]),  # the list ended with its blank line
+    ("$$\nx\n- y\n$$", []),
+])
+def test_the_list_check_itself(text, flagged):
+    assert [item for _, item in lists_after_paragraphs([(line, "") for line in text.splitlines()])] == flagged
+
+
+def test_no_list_directly_follows_a_paragraph():
+    """A list written on the line after a paragraph renders as one run-on paragraph; checked in every
+    page as Markdown reads it, with every included Markdown file in place."""
+    bad, known = [], set()
+    for page in PAGES:
+        for origin, item in lists_after_paragraphs(as_markdown_reads(page)):
+            file = origin.rsplit(":", 1)[0]
+            if file in LIST_AFTER_PARAGRAPH_KNOWN:
+                known.add(file)
+            else:
+                bad.append(f"{origin}: {item!r} (in {page.relative_to(ROOT)})")
+    assert not bad, "a list directly after a paragraph line (add a blank line before it):\n" + "\n".join(bad)
+    stale = LIST_AFTER_PARAGRAPH_KNOWN - known
+    assert not stale, f"fixed, or no longer included: remove {sorted(stale)} from LIST_AFTER_PARAGRAPH_KNOWN"
+
+
 # ---- the script pages: every option with its default, every logged metric ----------------------
 
 
@@ -261,6 +380,22 @@ def test_the_site_builds_strict_with_every_page_in_the_nav(site):
         assert f'href="{page.relative_to(DOCS).with_suffix(".html").as_posix()}"' in nav or page.name == "index.md", (
             f"{page.relative_to(ROOT)} is not in the navigation (mkdocs.yml nav)"
         )
+
+
+def toc_entries(path):
+    """The titles in a built page's table of contents (Material: the links to #anchors of the page)."""
+    links = re.findall(r'<a href="#[^"]*" class="md-nav__link">\s*<span class="md-ellipsis">(.*?)</span>', read(path), re.S)
+    return [" ".join(html.unescape(re.sub(r"<[^>]+>", "", title)).split()) for title in links]
+
+
+def test_no_heading_appears_twice_in_a_pages_table_of_contents(site):
+    """Headings repeat when a page includes two sections that carry the same heading (e.g. two
+    reports' tables); the page gives each its own heading, the included sections carry none."""
+    assert len(toc_entries(site / "results.html")) > 5, "the table of contents was not found in the built page"
+    for page in PAGES:
+        titles = toc_entries(built_page(site, page))
+        twice = sorted({t for t in titles if titles.count(t) > 1})
+        assert not twice, f"{page.relative_to(ROOT)}: headings twice in the table of contents: {twice}"
 
 
 def test_built_pages_show_the_code_of_each_included_section(site):
