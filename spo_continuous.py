@@ -382,6 +382,7 @@ def spo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon):
 # --8<-- [end:spo_policy_loss]
 
 
+# --8<-- [start:minibatch_loss]
 def minibatch_loss(params, agent, mb, args):
     """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
     `agent`), so that torch.func can differentiate it. Returns (loss, {statistic: value} to log)."""
@@ -415,8 +416,10 @@ def minibatch_loss(params, agent, mb, args):
                  approx_kl=kl, clipfrac=((ratio - 1.0).abs() > args.epsilon).float().mean(),  # past the peak
                  tv_divergence=0.5 * (ratio - 1).abs().mean())
     return loss, {name: value.detach() for name, value in stats.items()}
+# --8<-- [end:minibatch_loss]
 
 
+# --8<-- [start:train_step]
 def adam_state(params):
     """Adam's state for `params`: the step count t and the moment estimates m and v."""
     return {"step": torch.zeros((), device=next(iter(params.values())).device),
@@ -446,6 +449,7 @@ def train_step(params, adam, flat, indices, lr, agent, args):
         v = adam["exp_avg_sq"][name].mul_(beta2).add_((1 - beta2) * g * g)
         p.sub_(lr * (m / (1 - beta1 ** adam["step"])) / ((v / (1 - beta2 ** adam["step"])).sqrt() + eps))
     return stats
+# --8<-- [end:train_step]
 
 
 def compile_train_step(step, enabled):

@@ -288,3 +288,63 @@ def test_a_tiny_study_runs_then_resumes_without_rerunning(tmp_path, capsys):
 def test_study_bad_input(overrides, message):
     with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
         study.main(study.Args(**overrides))
+
+
+# --- benchmark/script_curves.py: one script's learning curves, for its page ---------------------
+
+def test_script_curves_draw_the_script_at_its_defaults(tmp_path, monkeypatch):
+    import script_curves
+    from PIL import Image
+
+    folder = str(tmp_path / "study")
+    os.makedirs(folder)
+    # 50 updates of 1000 steps, one episode each: the figure's 50 slices hold one update each, so a
+    # seed's curve is its list of returns and the plotted line is their mean over seeds
+    returns = {seed: [10.0 * seed + i for i in range(50)] for seed in (1, 2, 3)}
+    for seed, r in returns.items():
+        for k in (1, 8):
+            write_run(folder, "TaskA-v4", "vaco-behaviour-0.1", k, seed, r)  # VACO's defaults, spelt out
+            write_run(folder, "TaskB-v4", "vaco", k, seed, [x + 100 for x in r])  # the same flags, another name
+            write_run(folder, "TaskA-v4", "ppo", k, seed, [0.0] * 50)
+            write_run(folder, "TaskB-v4", "ppo", k, seed, [5.0] * 50)
+        write_run(folder, "TaskA-v4", "vaco", 1, seed, r)  # trains as vaco-behaviour-0.1 does: counted once
+        write_run(folder, "TaskA-v4", "vaco-behaviour-0.2", 1, seed, [1e4] * 50)  # another delta: not drawn
+        write_run(folder, "TaskA-v4", "vaco-noalign", 8, seed, [1e4] * 50)  # an ablation: not drawn
+        write_run(folder, "TaskA-v4", "ppo-kl", 1, seed, [1e4] * 50)  # PPO with a flag: not the reference
+        write_run(folder, "TaskA-v4", "vaco", 4, seed, [1e4] * 50)  # a K that is not drawn
+    saved = {}
+    save = analyze.save
+    monkeypatch.setattr(analyze, "save", lambda fig, path: (saved.__setitem__(path, fig), save(fig, path)))
+    out = str(tmp_path / "img" / "vaco_continuous.png")
+    script_curves.main(script_curves.Args(script="vaco_continuous.py", results_dir=folder,
+                                          reference="ppo_continuous.py", out=out))
+    fig = saved[out]
+    readable(fig)  # labelled axes, text >= 9 pt, two panels a row, a legend
+    image = Image.open(out)
+    assert image.info["dpi"][0] == pytest.approx(analyze.FIGURE_DPI, abs=0.5)
+    assert image.size[0] == round(analyze.FIGURE_WIDTH * analyze.FIGURE_DPI)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["TaskA-v4, K = 1", "TaskA-v4, K = 8", "TaskB-v4, K = 1",
+                                                 "TaskB-v4, K = 8"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ppo (3 seeds)", "vaco (3 seeds)"]
+    mean = np.mean([returns[s] for s in returns], axis=0)
+    std = np.std([returns[s] for s in returns], axis=0)  # 8.16 for every slice
+    for ax, offset, ppo in zip(panels, (0, 0, 100, 100), (0.0, 0.0, 5.0, 5.0)):
+        lines = {line.get_color(): line for line in ax.get_lines()}
+        assert set(lines) == {analyze.colour("ppo"), analyze.colour("vaco")}
+        vaco = lines[analyze.colour("vaco")]
+        np.testing.assert_allclose(vaco.get_ydata(), mean + offset)  # the mean over the three seeds
+        np.testing.assert_allclose(vaco.get_xdata(), np.arange(1, 51) * 1000 / 1e6)  # env steps, millions
+        np.testing.assert_allclose(lines[analyze.colour("ppo")].get_ydata(), ppo)
+        band = ax.collections[1].get_paths()[0].vertices[:, 1]  # vaco's band: mean - std to mean + std
+        assert band.min() == pytest.approx(mean[0] + offset - std[0])
+        assert band.max() == pytest.approx(mean[-1] + offset + std[-1])
+    # the runs drawn, read from their commands: both study names of VACO's defaults, nothing else
+    runs = [run for run in analyze.load_runs(folder) if run[0]["k"] in (1, 8)]
+    chosen, names = script_curves.runs_at_defaults(runs, "vaco_continuous.py")
+    assert names == {"vaco-behaviour-0.1": {"TaskA-v4"}, "vaco": {"TaskB-v4"}}
+    assert len(chosen) == 2 * 2 * 3 and {meta["algorithm"] for meta, _ in chosen} == {"vaco"}
+    chosen, names = script_curves.runs_at_defaults(runs, "ppo_continuous.py")
+    assert names == {"ppo": {"TaskA-v4", "TaskB-v4"}}
+    with pytest.raises(SystemExit, match="no finished run of spo_continuous.py at its defaults"):
+        script_curves.main(script_curves.Args(script="spo_continuous.py", results_dir=folder, out=out))
