@@ -461,3 +461,20 @@ def test_every_formula_renders_with_the_vendored_katex(site, tmp_path):
     assert proc.returncode == 0, proc.stderr
     bad = json.loads(proc.stdout)
     assert not bad, "formulas KaTeX cannot render:\n" + "\n".join(bad)
+
+
+def test_search_leaves_out_the_whole_scripts(site):
+    """The collapsed "The whole script" blocks would otherwise be the top hit of every search for a
+    name in the code; the heading carries data-search-exclude, which drops its section from the
+    index. Every page that includes a whole script has the heading, and the index holds none of
+    the script's main guard (which no page includes as a section)."""
+    index = json.loads(read(site / "search" / "search_index.json"))["docs"]
+    whole = [(page, m.group(1)) for page in PAGES for m in re.finditer(r'--8<-- "([\w./]+\.py)"', read(page))]
+    assert len(whole) >= 4, whole
+    for page, script in whole:
+        location = page.relative_to(DOCS).with_suffix(".html").as_posix()
+        assert "## The whole script { data-search-exclude }" in read(page), f"{location}: no excluded heading"
+        entries = [e for e in index if e["location"].split("#")[0] == location]
+        assert entries, f"{location} is not in the search index at all"
+        assert not any(e["location"].endswith("#the-whole-script") for e in entries), location
+        assert not any("__main__" in e["text"] for e in entries), f"{location}: {script} is indexed"
