@@ -340,8 +340,8 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     next_values[t] = V(s_{t+1}), of the final observation when the episode was truncated at t;
     terminations[t] = 1 when s_{t+1} is terminal (nothing to bootstrap); dones[t] = 1 when the
     episode ended at t for any reason (the trace is cut there).
-        delta_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
-        A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
+        TD_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
+        A_t  = TD_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
     """
     deltas = rewards + gamma * (1.0 - terminations) * next_values - values
     discounts = gamma * lam * (1.0 - dones)
@@ -372,7 +372,7 @@ def estimate_advantages(agent, b, args):
 # --8<-- [start:ppo_policy_loss]
 def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
-        L = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),   r = pi_theta(a|s) / beta(a|s)
+        L = -mean(min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)),   rho = pi_theta(a|s) / beta(a|s)
     Returns (loss, ratio)."""
     ratio = (newlogprob - behavior_logprob).exp()
     pg_loss1 = -advantages * ratio
@@ -396,7 +396,7 @@ def minibatch_loss(params, agent, mb, args):
     # Policy loss
     pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
     logratio = newlogprob - mb["logprobs"]
-    # k3 estimator of KL(behaviour || policy) from behaviour samples: (r - 1) - log r
+    # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
     # Value loss

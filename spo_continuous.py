@@ -4,7 +4,7 @@
 with stale copies of the policy: a baseline of the VACO paper (arXiv 2603.01365).
 
 SPO keeps PPO's pipeline and replaces the clipped surrogate with a smooth penalty on the ratio:
-each sample's objective is a parabola in r that peaks at r = 1 + sign(A) * epsilon, so a sample
+each sample's objective is a parabola in the ratio rho that peaks at rho = 1 + sign(A) * epsilon, so a sample
 that has moved past the trust region is pulled back instead of merely losing its gradient.
 
 On-policy methods assume the batch came from the policy being updated. In distributed training
@@ -92,7 +92,7 @@ class Args:
     norm_adv: bool = True
     """Toggles advantages normalization (per minibatch)"""
     epsilon: float = 0.2
-    """SPO's epsilon: each sample's objective peaks where |r - 1| = epsilon"""
+    """SPO's epsilon: each sample's objective peaks where |rho - 1| = epsilon (rho = pi_theta/beta)"""
     clip_coef: float = 0.2
     """the value-loss clipping coefficient (with `--clip-vloss`, as in CleanRL's PPO)"""
     clip_vloss: bool = True
@@ -344,8 +344,8 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     next_values[t] = V(s_{t+1}), of the final observation when the episode was truncated at t;
     terminations[t] = 1 when s_{t+1} is terminal (nothing to bootstrap); dones[t] = 1 when the
     episode ended at t for any reason (the trace is cut there).
-        delta_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
-        A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
+        TD_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
+        A_t  = TD_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
     """
     deltas = rewards + gamma * (1.0 - terminations) * next_values - values
     discounts = gamma * lam * (1.0 - dones)
@@ -373,9 +373,9 @@ def estimate_advantages(agent, b, args):
 # --8<-- [start:spo_policy_loss]
 def spo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon):
     """SPO's objective, with the ratio taken against the behaviour policy that acted:
-        L = -mean(r * A - |A| / (2 * eps) * (r - 1)^2),   r = pi_theta(a|s) / beta(a|s)
-    Per sample, d/dr = A - |A| (r - 1) / eps = 0 at r = 1 + sign(A) * eps: inside that point the
-    gradient moves r towards it, beyond it the gradient pulls r back (PPO's clip only stops pushing).
+        L = -mean(rho * A - |A| / (2 * eps) * (rho - 1)^2),   rho = pi_theta(a|s) / beta(a|s)
+    Per sample, d/drho = A - |A| (rho - 1) / eps = 0 at rho = 1 + sign(A) * eps: inside that point
+    the gradient moves rho towards it, beyond it the gradient pulls rho back (PPO's clip only stops pushing).
     Returns (loss, ratio)."""
     ratio = (newlogprob - behavior_logprob).exp()
     return -(advantages * ratio - advantages.abs() * (ratio - 1) ** 2 / (2 * epsilon)).mean(), ratio
@@ -397,7 +397,7 @@ def minibatch_loss(params, agent, mb, args):
     # Policy loss
     pg_loss, ratio = spo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.epsilon)
     logratio = newlogprob - mb["logprobs"]
-    # k3 estimator of KL(behaviour || policy) from behaviour samples: (r - 1) - log r
+    # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
     # Value loss

@@ -13,8 +13,8 @@ the synchronous setting. VACO answers the two kinds of lag:
    beta that acted). Once per update, before any gradient step, V-trace estimates the advantages
    of pi_T from beta's data, with clipped importance ratios; the critic regresses on V-trace targets.
 2. TV filtering (forward lag: pi_theta drifts from beta over many minibatch steps). Per minibatch,
-   TV(pi_theta, beta) ~ 1/2 mean|r - 1|, r = pi_theta/beta. Above a threshold delta, every sample
-   whose update would increase the divergence (A and r - 1 of the same sign) has its gradient
+   TV(pi_theta, beta) ~ 1/2 mean|rho - 1|, rho = pi_theta/beta. Above a threshold delta, every
+   sample whose update would increase the divergence (A and rho - 1 of the same sign) has its gradient
    detached. No ratio clipping.
 
 This file is ``ppo_continuous.py`` with the algorithm changed: ``diff ppo_continuous.py
@@ -372,8 +372,8 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     next_values[t] = V(s_{t+1}), of the final observation when the episode was truncated at t;
     terminations[t] = 1 when s_{t+1} is terminal (nothing to bootstrap); dones[t] = 1 when the
     episode ended at t for any reason (the trace is cut there).
-        delta_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
-        A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
+        TD_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
+        A_t  = TD_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
     """
     deltas = rewards + gamma * (1.0 - terminations) * next_values - values
     discounts = gamma * lam * (1.0 - dones)
@@ -393,12 +393,12 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
 
     V-trace (IMPALA) with lambda: the value and advantages of the target policy pi_T estimated from
     data of the behaviour policy beta. Same conventions as `compute_gae`.
-        rho_t = pi_T(a_t|s_t) / beta(a_t|s_t),  c_t = lam * min(c_bar, rho_t)
-        delta_t = min(rho_bar, rho_t) * (r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t))
-        v_t - V(s_t) = delta_t + gamma * (1 - done_t) * c_t * (v_{t+1} - V(s_{t+1})),  zero after T
+        rho_t = pi_T(a_t|s_t) / beta(a_t|s_t),  c_t = min(c_bar, rho_t)
+        TD_t = min(rho_bar, rho_t) * (r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t))
+        v_t - V(s_t) = TD_t + gamma * lam * (1 - done_t) * c_t * (v_{t+1} - V(s_{t+1})),  zero after T
     value_targets = v_t. The advantages are the lambda-weighted policy-gradient form
         A_t = r_t + gamma * (1 - term_t) * [V(s_{t+1}) + lam * (1 - done_t) * (v_{t+1} - V(s_{t+1}))] - V(s_t)
-    With beta = pi_T (all rho = 1, c = lam) v_t - V(s_t) and A_t are both exactly GAE(lambda).
+    With beta = pi_T (all rho = 1, c = 1) v_t - V(s_t) and A_t are both exactly GAE(lambda).
     """
     rhos = torch.exp(target_logprobs - behavior_logprobs)
     deltas = torch.clamp(rhos, max=rho_bar) * (rewards + gamma * (1.0 - terminations) * next_values - values)
@@ -440,7 +440,7 @@ def estimate_advantages(agent, b, args):
 # --8<-- [start:ppo_policy_loss]
 def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
-        L = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),   r = pi_theta(a|s) / beta(a|s)
+        L = -mean(min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)),   rho = pi_theta(a|s) / beta(a|s)
     Returns (loss, ratio)."""
     ratio = (newlogprob - behavior_logprob).exp()
     pg_loss1 = -advantages * ratio
@@ -453,12 +453,12 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
 def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, reference_logprob=None):
     """TV filtering. Returns (loss, tv, filtered_fraction).
 
-        r = pi_theta(a|s) / beta(a|s),     the surrogate's importance ratio
+        rho = pi_theta(a|s) / beta(a|s),   the surrogate's importance ratio
         q = pi_theta(a|s) / pi_ref(a|s),   pi_ref = beta (the paper), or pi_T (`reference_logprob`)
         TV(pi_theta, pi_ref) ~ tv = 1/2 mean|q - 1|
         if tv > delta: filter a sample when A * sign(q - 1) > 0, i.e. when following its gradient
                        would move q further from 1 (the policy further from pi_ref)
-        L = -mean( r * A for kept samples,  sg(r * A) for filtered ones )
+        L = -mean( rho * A for kept samples,  sg(rho * A) for filtered ones )
     Filtered samples give zero gradient but stay in the mean's denominator. No ratio clipping.
     """
     ratio = (newlogprob - behavior_logprob).exp()
@@ -496,7 +496,7 @@ def minibatch_loss(params, agent, mb, args):
         pg_loss, _ = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
-    # k3 estimator of KL(behaviour || policy) from behaviour samples: (r - 1) - log r
+    # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
     # Value loss: regression on the V-trace targets
