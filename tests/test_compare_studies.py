@@ -25,6 +25,26 @@ def test_a_cell_inside_and_a_cell_outside_the_reference_interval(tmp_path):
     text = compare_studies.table(compare_studies.final_returns(str(reference)),
                                  compare_studies.final_returns(str(other)), ["eager", "compiled"])
     half = 10 / np.sqrt(3) * 4.302653  # t(0.975, 2) x the standard error of 100, 110, 120
-    assert f"| Hopper-v4 | ppo | 1 | 110 [{110 - half:.0f}, {110 + half:.0f}] (3) | 110 ± 5 (2) | yes |" in text
-    assert "| Hopper-v4 | vaco | 8 |" in text and text.count("| no |") == 1 and "Ant-v4" not in text
-    assert text.endswith("1 of 2 cells: the compiled mean lies inside the eager interval.")
+    their_half = 5 / np.sqrt(1) * 12.7062  # t(0.975, 1) x the standard error of 105, 115
+    assert (f"| Hopper-v4 | ppo | 1 | 110 [{110 - half:.0f}, {110 + half:.0f}] (3) "
+            f"| 110 [{110 - their_half:.0f}, {110 + their_half:.0f}] (2) | yes | yes |") in text
+    # 210 [146, 274] and 110 [85, 135]: neither mean inside the other's interval
+    assert f"| Hopper-v4 | vaco | 8 | 110 [{110 - half:.0f}, {110 + half:.0f}] (3) | 210 [146, 274] (2) | no | no |" in text
+    assert "Ant-v4" not in text
+    assert text.endswith("1 of 2 cells: the compiled mean lies inside the eager interval; "
+                         "1 of 2: at least one mean lies inside the other's interval.")
+
+
+def test_a_narrow_reference_interval_is_checked_both_ways(tmp_path):
+    """Three seeds that agree closely give the reference a narrow interval that a close mean misses;
+    the other folder's wider interval then holds the reference's mean."""
+    reference, other = tmp_path / "reference", tmp_path / "other"
+    reference.mkdir(), other.mkdir()
+    for seed, (mine, theirs) in enumerate([(1700.0, 1620.0), (1701.0, 1690.0), (1702.0, 1650.0)], start=1):
+        write_run(str(reference), "HalfCheetah-v4", "ppo", 1, seed, [0.0] * 9 + [mine])
+        write_run(str(other), "HalfCheetah-v4", "ppo", 1, seed, [0.0] * 9 + [theirs])
+    text = compare_studies.table(compare_studies.final_returns(str(reference)),
+                                 compare_studies.final_returns(str(other)), ["eager", "compiled"])
+    assert "| 1701 [1699, 1703] (3) | 1653 [1566, 1741] (3) | no | yes |" in text
+    assert text.endswith("0 of 1 cells: the compiled mean lies inside the eager interval; "
+                         "1 of 1: at least one mean lies inside the other's interval.")
