@@ -56,7 +56,7 @@ class Args:
 
 
 def script_defaults(script):
-    """{field: value} of the script's Args at their defaults (the script imported as a module)."""
+    """(the script imported as a module, {field: value} of its Args at their defaults)."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     module = importlib.import_module(script[: -len(".py")])

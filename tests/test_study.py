@@ -27,6 +27,24 @@ def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000):
     return run
 
 
+RANDOMS = {"TaskA-v4": 0.0, "TaskB-v4": 100.0}
+
+
+def study_folder(tmp_path, randoms=RANDOMS):
+    """A results folder with known random-policy returns (no env is run to measure them)."""
+    with open(os.path.join(tmp_path, "random_scores.json"), "w") as f:
+        json.dump(randoms, f)
+    return str(tmp_path), randoms
+
+
+@pytest.fixture
+def saved(monkeypatch):
+    """{path: figure} of every figure analyze.save writes during the test (and still writes it)."""
+    figures, save = {}, analyze.save
+    monkeypatch.setattr(analyze, "save", lambda fig, path: (figures.__setitem__(path, fig), save(fig, path)))
+    return figures
+
+
 # --- scores -------------------------------------------------------------------------------------
 
 def test_slice_scores_final_and_auc():
@@ -70,10 +88,7 @@ def test_probability_of_improvement_of_a_dominating_algorithm():
 
 
 def test_analysis_end_to_end(tmp_path):
-    folder = str(tmp_path)
-    randoms = {"TaskA-v4": 0.0, "TaskB-v4": 100.0}
-    with open(os.path.join(folder, "random_scores.json"), "w") as f:
-        json.dump(randoms, f)  # known random-policy returns (no env is run)
+    folder, randoms = study_folder(tmp_path)
     for seed in (1, 2, 3):
         for task, base in randoms.items():
             write_run(folder, task, "ppo", 1, seed, [base + 10 * seed] * 10)  # PPO K=1 mean: base + 20
@@ -122,13 +137,10 @@ def readable(fig, legend=True):
     assert all(t.get_fontsize() >= 9 for legend in legends for t in legend.get_texts())
 
 
-def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, monkeypatch):
+def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
     from PIL import Image
 
-    folder = str(tmp_path)
-    randoms = {"TaskA-v4": 0.0, "TaskB-v4": 100.0}
-    with open(os.path.join(folder, "random_scores.json"), "w") as f:
-        json.dump(randoms, f)
+    folder, randoms = study_folder(tmp_path)
     for seed in (1, 2):
         for task, base in randoms.items():
             for k in (1, 2, 4, 8):
@@ -136,14 +148,10 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, monkeypatch)
                 write_run(folder, task, "vaco", k, seed, [base + 30 - k + seed] * 10)
             for k in (1, 8):  # a baseline at two of the four Ks: a dashed line
                 write_run(folder, task, "spo", k, seed, [base + 10 + seed] * 10)
-            for k in (1, 8):
                 write_run(folder, task, "vaco-behaviour-0.1", k, seed, [base + 25 + seed] * 10)
             write_run(folder, task, "vaco-proximal-0.1", 8, seed, [base + 24 + seed] * 10)
-    saved = {}
-    save = analyze.save
-    monkeypatch.setattr(analyze, "save", lambda fig, path: (saved.__setitem__(os.path.basename(path), fig),
-                                                              save(fig, path)))
     analyze.main(analyze.Args(results_dir=folder, reps=50))
+    saved = {os.path.basename(path): fig for path, fig in saved.items()}
     assert sorted(saved) == ["aggregates_K1.png", "aggregates_K8.png", "delta_sensitivity.png", "lag_robustness.png",
                              "learning_curves.png"]
     for name, fig in saved.items():
@@ -164,10 +172,7 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, monkeypatch)
 
 
 def test_baselines_are_compared_on_the_tasks_they_ran(tmp_path):
-    folder = str(tmp_path)
-    randoms = {"TaskA-v4": 0.0, "TaskB-v4": 100.0}
-    with open(os.path.join(folder, "random_scores.json"), "w") as f:
-        json.dump(randoms, f)
+    folder, randoms = study_folder(tmp_path)
     for seed in (1, 2):
         for task, base in randoms.items():
             for k in (1, 8):
@@ -292,7 +297,7 @@ def test_study_bad_input(overrides, message):
 
 # --- benchmark/script_curves.py: one script's learning curves, for its page ---------------------
 
-def test_script_curves_draw_the_script_at_its_defaults(tmp_path, monkeypatch):
+def test_script_curves_draw_the_script_at_its_defaults(tmp_path, saved):
     import script_curves
     from PIL import Image
 
@@ -312,9 +317,6 @@ def test_script_curves_draw_the_script_at_its_defaults(tmp_path, monkeypatch):
         write_run(folder, "TaskA-v4", "vaco-noalign", 8, seed, [1e4] * 50)  # an ablation: not drawn
         write_run(folder, "TaskA-v4", "ppo-kl", 1, seed, [1e4] * 50)  # PPO with a flag: not the reference
         write_run(folder, "TaskA-v4", "vaco", 4, seed, [1e4] * 50)  # a K that is not drawn
-    saved = {}
-    save = analyze.save
-    monkeypatch.setattr(analyze, "save", lambda fig, path: (saved.__setitem__(path, fig), save(fig, path)))
     out = str(tmp_path / "img" / "vaco_continuous.png")
     script_curves.main(script_curves.Args(script="vaco_continuous.py", results_dir=folder,
                                           reference="ppo_continuous.py", out=out))
