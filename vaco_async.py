@@ -678,7 +678,7 @@ class SegmentLayout:
         T, n, rng = num_steps, num_envs, torch.Generator().get_state().numel()
         self.shapes = dict(header=(6,), obs=(T, n, obs_dim), next_obs=(T, n, obs_dim), reset_obs=(n, obs_dim),
                            raw_obs=(T, n, obs_dim), actions=(T, n, act_dim), logprobs=(T, n), rewards=(T, n),
-                           terminations=(T, n), truncations=(T, n), episode_returns=(T, n),
+                           terminations=(T, n), dones=(T, n), episode_returns=(T, n),
                            episode_lengths=(T, n), rng_state=(rng,))
         self.size, self.steps = sum(int(np.prod(shape)) for shape in self.shapes.values()), T * n
 
@@ -727,7 +727,7 @@ def collect_segment(envs, actor, obs_rms, current_obs, segment, generator):
             np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
         )
         done = termination | truncation
-        segment["rewards"][step], segment["terminations"][step], segment["truncations"][step] = reward, termination, truncation
+        segment["rewards"][step], segment["terminations"][step], segment["dones"][step] = reward, termination, done
         segment["raw_obs"][step] = raw_obs
         obs_rms.update(raw_obs)
         current_obs = normalize_obs(raw_obs, obs_rms)
@@ -754,8 +754,9 @@ def run_actor(rank, args, run_name, rng_state=None):
     generator = torch.Generator().manual_seed(args.seed + rank)  # actor 1: vaco_continuous.py's stream
     if rng_state is not None:
         generator.set_state(rng_state)
-    message = torch.zeros(SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim).size, dtype=torch.float64)
-    segment = SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim).views(message)
+    layout = SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim)
+    message = torch.zeros(layout.size, dtype=torch.float64)
+    segment = layout.views(message)
     reply, weights = torch.zeros(2, dtype=torch.float64), pack_policy(actor, obs_rms)  # receive buffers
 
     # The synchronous script's envs, split across actors: env i of actor r has seed seed + (r-1)*n + i.
@@ -953,18 +954,20 @@ class LearnerComm(threading.Thread):
 def take_batch(comm, num_segments, max_lag, version, stop_reason):
     """Segments from the queue until `num_segments` of them are at most `max_lag` versions old
     (older ones come too: they count in the statistics, not the batch), in actor order, so that a
-    --sync batch is processed alike in every run. Returns (segments, None), or (None, why) as soon
-    as `stop_reason()`, asked every 0.1 s while waiting, gives a reason."""
-    segments, kept = [], 0
-    while kept < num_segments:
+    --sync batch is processed alike in every run. Returns (all segments taken, the batch, None), or
+    (None, None, why) as soon as `stop_reason()`, asked every 0.1 s while waiting, gives a reason."""
+    segments, batch = [], []
+    while len(batch) < num_segments:
         if why := stop_reason():
-            return None, why
+            return None, None, why
         try:
             segments.append(comm.layout.views(comm.segments.get(timeout=0.1)))
         except queue.Empty:
             continue
-        kept += max_lag is None or version - segments[-1]["header"][2] <= max_lag
-    return sorted(segments, key=lambda segment: tuple(segment["header"][:2])), None
+        if max_lag is None or version - segments[-1]["header"][2] <= max_lag:
+            batch.append(segments[-1])
+    in_actor_order = functools.partial(sorted, key=lambda segment: tuple(segment["header"][:2]))
+    return in_actor_order(segments), in_actor_order(batch), None
 
 
 def absorb_segment(segment, reward_scaler, obs_rms, actors):
@@ -972,7 +975,7 @@ def absorb_segment(segment, reward_scaler, obs_rms, actors):
     one set of return statistics (each env in step order), fold the observations the actor saw into
     the learner's statistics in the actor's order (so one actor's are exactly its own), and note the
     actor's noise generator, steps and waiting in `actors`. Returns the episodes that ended in it."""
-    actor, dones = int(segment["header"][0]), (segment["terminations"] + segment["truncations"]) > 0
+    actor, dones = int(segment["header"][0]), segment["dones"] > 0
     envs = slice((actor - 1) * dones.shape[1], actor * dones.shape[1])  # this actor's share of all envs
     for step in range(dones.shape[0]):
         segment["rewards"][step] = reward_scaler(segment["rewards"][step], dones[step], envs)
@@ -1231,8 +1234,8 @@ def main(args: Args):
         # The batch: num_actors segments (num_envs x num_steps transitions) from whichever actors
         # sent them first. A segment's lag: the learner's version now - the version that acted.
         waiting_since = time.perf_counter()
-        segments, stopped = take_batch(comm, args.num_actors, args.max_policy_lag, version,
-                                       lambda: stop_reason(comm, processes, args, stop_request))
+        segments, batch, stopped = take_batch(comm, args.num_actors, args.max_policy_lag, version,
+                                              lambda: stop_reason(comm, processes, args, stop_request))
         learner_wait += time.perf_counter() - waiting_since
         if stopped:
             break
@@ -1241,15 +1244,13 @@ def main(args: Args):
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, global_step)
                 writer.add_scalar("charts/episodic_length", episode_length, global_step)
-        batch = [s for s in segments if args.max_policy_lag is None or version - s["header"][2] <= args.max_policy_lag]
         lags = [version - int(segment["header"][2]) for segment in batch]  # the others are dropped: too old
         global_step, used, dropped = global_step + args.batch_size, used + len(batch), dropped + len(segments) - len(batch)
 
         # Segments side by side: [T, n, ...] each -> [T, N, ...]
-        fields = {key: np.concatenate([segment[key] for segment in batch], axis=1)
-                  for key in ("obs", "next_obs", "actions", "logprobs", "rewards", "terminations", "truncations")}
-        fields["dones"] = np.maximum(fields.pop("truncations"), fields["terminations"])
-        b = {key: torch.as_tensor(value, dtype=torch.float32, device=device) for key, value in fields.items()}
+        b = {key: torch.as_tensor(np.concatenate([segment[key] for segment in batch], axis=1), dtype=torch.float32,
+                                  device=device)
+             for key in ("obs", "next_obs", "actions", "logprobs", "rewards", "terminations", "dones")}
         # --8<-- [end:batch]
         values, target_logprobs, advantages, returns = estimate_advantages(agent, b, args)
         # Backward lag: how far the learner already is from the behaviour policies, before any step.

@@ -91,7 +91,7 @@ def test_collect_segment_keeps_final_observations_episodes_and_statistics():
     np.testing.assert_array_equal(segment["obs"][0], first)  # normalised, as acted on
     np.testing.assert_array_equal(segment["next_obs"][:2], segment["obs"][1:3])  # inside an episode
     assert not np.allclose(segment["next_obs"][2], segment["obs"][3])  # the episode ended at t = 2...
-    np.testing.assert_array_equal(segment["truncations"][:, 0], [0, 0, 1, 0, 0, 1, 0])  # ...by its time limit
+    np.testing.assert_array_equal(segment["dones"][:, 0], [0, 0, 1, 0, 0, 1, 0])  # ...by its time limit
     assert (segment["terminations"] == 0).all()
     np.testing.assert_array_equal(segment["next_obs"][6], current)  # the observation to continue from
     # both episodes' logged returns are the sums of their rewards (the second one too)
@@ -121,8 +121,7 @@ def test_the_learner_absorbs_exactly_what_the_actor_saw():
     assert np.array_equal(learner_rms.mean, obs_rms.mean) and learner_rms.count == obs_rms.count
     assert np.array_equal(learner_rms.var, obs_rms.var)
     reference = vaco_async.RewardScaler(2, 0.99)  # the rewards, scaled as the synchronous script does
-    dones = (segment["terminations"] + segment["truncations"]) > 0
-    np.testing.assert_array_equal(segment["rewards"], [reference(r, d) for r, d in zip(raw_rewards, dones)])
+    np.testing.assert_array_equal(segment["rewards"], [reference(r, d) for r, d in zip(raw_rewards, segment["dones"] > 0)])
     assert [length for _, length in episodes] == [3, 3, 3, 3] and actors[1]["wait_fraction"] == 0.25
     assert actors[1]["steps"] == 14 and actors[1]["rng_state"].dtype == torch.uint8
 
