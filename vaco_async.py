@@ -664,19 +664,20 @@ def format_eta(seconds):
 # --8<-- [start:messages]
 REPLY_TAG, WEIGHTS_TAG, SEGMENT_TAG = 1, 2, 3
 CONTINUE, STOP, DISMISSED = 0, 1, 2  # reply codes: act on; the run is over; you were counted lost
+# A reply: [version, code, 1 if that version's weights follow in a WEIGHTS_TAG message].
 
 
 class SegmentLayout:
     """A segment, what an actor sends after `num_steps` steps of its `num_envs` envs, as one flat
     message: the transitions as it acted on them (observations normalised with its statistics of
     the moment), the raw observations it folded into those statistics (the learner folds in the
-    same), and its action-noise generator's state (a resumed run continues it). Header: actor rank,
-    segment number, behaviour version, 1 if the envs were just reset, seconds spent waiting on the
-    learner and since the actor started."""
+    same), and its action-noise generator's state (a resumed run continues it). First the sender's
+    rank, its segment number (0: the envs were just reset), the behaviour version, and its seconds
+    spent waiting for the learner and since it started."""
 
     def __init__(self, num_steps, num_envs, obs_dim, act_dim):
         T, n, rng = num_steps, num_envs, torch.Generator().get_state().numel()
-        self.shapes = dict(header=(6,), obs=(T, n, obs_dim), next_obs=(T, n, obs_dim), reset_obs=(n, obs_dim),
+        self.shapes = dict(rank=(1,), index=(1,), version=(1,), wait_time=(1,), run_time=(1,), obs=(T, n, obs_dim), next_obs=(T, n, obs_dim), reset_obs=(n, obs_dim),
                            raw_obs=(T, n, obs_dim), actions=(T, n, act_dim), logprobs=(T, n), rewards=(T, n),
                            terminations=(T, n), dones=(T, n), episode_returns=(T, n),
                            episode_lengths=(T, n), rng_state=(rng,))
@@ -757,7 +758,7 @@ def run_actor(rank, args, run_name, rng_state=None):
     layout = SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim)
     message = torch.zeros(layout.size, dtype=torch.float64)
     segment = layout.views(message)
-    reply, weights = torch.zeros(2, dtype=torch.float64), pack_policy(actor, obs_rms)  # receive buffers
+    reply, weights = torch.zeros(3, dtype=torch.float64), pack_policy(actor, obs_rms)  # receive buffers
 
     # The synchronous script's envs, split across actors: env i of actor r has seed seed + (r-1)*n + i.
     raw_obs, _ = envs.reset(seed=args.seed + (rank - 1) * num_envs)
@@ -767,17 +768,18 @@ def run_actor(rank, args, run_name, rng_state=None):
         dist.recv(reply, src=0, tag=REPLY_TAG)
         if reply[1] != CONTINUE:
             break
-        if reply[0] > version:  # a newer version: its weights and statistics follow
+        if reply[2]:  # a newer version: its weights and statistics follow
             dist.recv(weights, src=0, tag=WEIGHTS_TAG)
             unpack_policy(weights, actor, obs_rms)
-            version = int(reply[0])
+        version = int(reply[0])
         wait_time += time.time() - waiting_since
-        if index == 0:  # the reset's observations count in the statistics, as in vaco_continuous.py
+        if index == 0:  # the reset's observations count in the statistics (here: those the first reply brought)
             segment["reset_obs"][:] = raw_obs
             obs_rms.update(raw_obs)
             current_obs = normalize_obs(raw_obs, obs_rms)
         current_obs = collect_segment(envs, actor, obs_rms, current_obs, segment, generator)
-        segment["header"][:] = [rank, index, version, index == 0, wait_time, time.time() - start]
+        segment["rank"][:], segment["index"][:], segment["version"][:] = rank, index, version
+        segment["wait_time"][:], segment["run_time"][:] = wait_time, time.time() - start
         segment["rng_state"][:] = generator.get_state().numpy()
         time.sleep(rank * args.actor_delay_ms / 1000)  # --actor-delay-ms: stragglers on demand
         waiting_since = time.time()
@@ -809,12 +811,13 @@ def actor_process(rank, world_size, args, port=None):
 
 # --8<-- [start:learner_comm]
 class LearnerComm(threading.Thread):
-    """The learner's communication thread, its only caller of torch.distributed (`Work.wait`
-    releases the GIL, so training goes on meanwhile), and the one place that knows which actors
-    are alive. It receives segments from any actor, queues them for the training loop and answers
-    each with [version, code] (+ the newest weights if the actor's are older). A full queue delays
-    the answer, so the actor waits: backpressure that bounds the lag. With `sync` it answers once
-    every actor's segment is in and the version trained on them is published.
+    """The learner's communication thread, the one place that knows which actors are alive and,
+    until the run stops, the learner's only caller of torch.distributed (`Work.wait` releases the
+    GIL, so training goes on meanwhile). It receives segments from any actor, queues them for the
+    training loop and answers each one once, with [version, code, 1 if weights follow] (+ the newest
+    weights if the actor's are older). A full queue delays the answer, so the actor waits:
+    backpressure that bounds the lag. With `sync` it answers once every live actor's segment is in
+    and the version trained on them is published.
 
     gloo work cannot be polled and a timed-out `wait` closes every connection, so liveness is our
     own: an actor that owes us a segment (we answered it) and stays silent for --actor-timeout s of
@@ -829,18 +832,19 @@ class LearnerComm(threading.Thread):
         self.published, self.replied_version = (version, weights), version
         self.sent_version = dict.fromkeys(self.actors, -1)  # the version of the weights each actor holds
         self.pending = {actor: [] for actor in self.actors}  # reply sends not waited on yet
-        self.deaf_time, self.deaf_since = 0.0, None
-        self.awaiting_reply, self.heard = set(), dict.fromkeys(self.actors, self.listening())  # on the listening clock
-        self.lost, self.stopped = {}, set()  # rank -> reason; the actors told STOP or DISMISSED
-        self.received = self.failures = 0
-        self.stopping, self.error = False, None
+        self.deaf_time, self.deaf_since = 0.0, None  # time not listening: finished periods, the current one's start
+        self.unanswered = set(self.actors)  # actors waiting for our answer (at first, for the initial policy)
+        self.last_contact = dict.fromkeys(self.actors, self.listening())  # on the listening clock
+        self.lost, self.reported = {}, set()  # rank -> why it was counted lost; the losses `watch` returned
+        self.stopped = set()  # the actors answered STOP or DISMISSED
+        self.received, self.stopping, self.error = 0, False, None
 
     def listening(self):
-        """The listening clock: seconds this thread has been able to receive."""
+        """The listening clock: seconds this thread has been able to receive (now - time deaf)."""
         now = time.monotonic()
         return now - self.deaf_time - (now - self.deaf_since if self.deaf_since is not None else 0.0)
 
-    def deaf(self, wait):
+    def not_listening(self, wait):
         """Run `wait()`, which blocks without receiving, with the listening clock stopped."""
         self.deaf_since = time.monotonic()
         try:
@@ -854,24 +858,34 @@ class LearnerComm(threading.Thread):
 
     def watch(self, processes, timeout):
         """Count actors lost: their process exited (local launch), or they owe us a segment and were
-        silent for `timeout` s of listening. Returns the newly lost {rank: reason}."""
-        clock, new = self.listening(), {}
+        silent for `timeout` s of listening. Returns the losses not returned before {rank: why},
+        those this thread found (a send that failed) too."""
+        clock = self.listening()
         with self.lock:
             for actor in self.live():
                 if actor in processes and processes[actor].exitcode is not None:
-                    new[actor] = f"its process exited with code {processes[actor].exitcode}"
-                elif actor not in self.awaiting_reply and clock - self.heard[actor] > timeout:
-                    new[actor] = f"silent for more than --actor-timeout {timeout:g} s"
-            self.lost.update(new)
+                    self.lost[actor] = f"its process exited with code {processes[actor].exitcode}"
+                elif actor not in self.unanswered and clock - self.last_contact[actor] > timeout:
+                    self.lost[actor] = f"silent for more than --actor-timeout {timeout:g} s"
+            new = {actor: why for actor, why in self.lost.items() if actor not in self.reported}
+            self.reported.update(new)
         return new
 
-    def publish(self, version, weights=None, stop=False):
-        """Swap in a new version (a new tensor: a send may still read the old one), or with `stop`,
-        make every live actor's next answer STOP."""
+    def publish(self, version, weights):
+        """Swap in a new version (a new tensor: a send may still read the old one)."""
         with self.lock:
-            self.published = (version, weights) if weights is not None else self.published
-            self.stopping = self.stopping or stop
+            self.published = (version, weights)
             self.lock.notify_all()
+
+    def stop(self):
+        """Make every live actor's next answer STOP, and answer now those waiting for one (called by
+        the training loop: under --sync this thread may be blocked in a receive no actor will complete)."""
+        with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
+            waiting = sorted(self.unanswered)
+        for actor in waiting:
+            self.reply(actor)
 
     def run(self):
         try:
@@ -879,17 +893,16 @@ class LearnerComm(threading.Thread):
                 self.reply(actor)
             # Two receives from any actor always posted: a dead actor's closing connection then fails
             # one of them, once. (Detected while none is posted, it would fail every later one.)
-            posted = collections.deque(self.post() for _ in range(2))
+            posted, failures = collections.deque(self.post() for _ in range(2)), 0
             while self.live():
                 message, work = posted.popleft()
                 try:
                     work.wait()
-                    self.failures = 0
+                    failures = 0
                 except RuntimeError:  # that dead actor's connection: the others carry on
-                    self.failures += 1
-                    if self.failures > 2 * len(self.actors):  # every receive fails: the group is broken
+                    failures, message = failures + 1, None
+                    if failures > 2 * len(self.actors):  # more than every actor's connection can fail: the group is broken
                         raise
-                    message = None
                 posted.append(self.post())
                 if message is not None:
                     self.receive(message)
@@ -904,20 +917,22 @@ class LearnerComm(threading.Thread):
         return message, dist.irecv(message, src=None, tag=SEGMENT_TAG)
 
     def receive(self, message):
-        actor = int(message[0])  # the header's first field: the sender's rank
+        actor = int(message[0])  # the segment's first field: the sender's rank
         with self.lock:
             self.received += 1
-            self.heard[actor] = self.listening()
-            self.awaiting_reply.add(actor)
-        if self.stopping or actor in self.lost or not self.deaf(lambda: self.put(message)):
-            self.reply(actor)  # STOP (the run is over) or DISMISSED (it was counted lost)
-        elif not self.sync:
+            self.last_contact[actor] = self.listening()
+            self.unanswered.add(actor)
+            queue_it = not (self.stopping or actor in self.lost)
+        if not (queue_it and self.not_listening(lambda: self.put(message))) or not self.sync:
+            self.reply(actor)  # CONTINUE, or STOP (the run is over), or DISMISSED (it was counted lost)
+            return
+        with self.lock:  # --sync: once every live actor's segment is in, answer them with the next version
+            if not self.unanswered >= set(self.live()):
+                return
+            self.not_listening(lambda: self.lock.wait_for(lambda: self.published[0] > self.replied_version or self.stopping))
+            waiting = sorted(self.unanswered)
+        for actor in waiting:
             self.reply(actor)
-        elif self.awaiting_reply >= set(self.live()):  # --sync: every live actor's segment is in
-            with self.lock:
-                self.deaf(lambda: self.lock.wait_for(lambda: self.published[0] > self.replied_version or self.stopping))
-            for waiting in sorted(self.awaiting_reply):
-                self.reply(waiting)
 
     def put(self, message):
         """Queue a segment, blocking while the queue is full; False if the run stops meanwhile."""
@@ -929,20 +944,27 @@ class LearnerComm(threading.Thread):
         return False
 
     def reply(self, actor):
-        """Answer `actor`: [version, code], then the weights if it holds an older version."""
+        """Answer `actor`, if it waits for an answer: [version, code, weights follow?], then the
+        weights if it holds an older version."""
         with self.lock:
+            if actor not in self.unanswered:  # the other thread answered it (a stop)
+                return
+            self.unanswered.discard(actor)
             (version, weights), code = self.published, DISMISSED if actor in self.lost else STOP if self.stopping else CONTINUE
-            self.awaiting_reply.discard(actor)
-            self.heard[actor], self.replied_version = self.listening(), version  # its silence counts from now
+            with_weights = code == CONTINUE and version > self.sent_version[actor]
+            self.last_contact[actor] = self.listening()  # its silence counts from now
+            self.replied_version = version
+            if with_weights:
+                self.sent_version[actor] = version
             if code != CONTINUE:
                 self.stopped.add(actor)
         try:
             for work in self.pending[actor]:  # it has sent a segment since, so it received these
                 work.wait()
-            self.pending[actor] = [dist.isend(torch.tensor([version, code], dtype=torch.float64), actor, tag=REPLY_TAG)]
-            if code == CONTINUE and version > self.sent_version[actor]:
+            self.pending[actor] = [dist.isend(torch.tensor([version, code, with_weights], dtype=torch.float64), actor,
+                                              tag=REPLY_TAG)]
+            if with_weights:
                 self.pending[actor].append(dist.isend(weights, actor, tag=WEIGHTS_TAG))
-                self.sent_version[actor] = version
         except RuntimeError as e:  # its connection is gone: the process died
             self.pending[actor] = []
             with self.lock:
@@ -951,50 +973,56 @@ class LearnerComm(threading.Thread):
 
 
 # --8<-- [start:take_batch]
-def take_batch(comm, num_segments, max_lag, version, stop_reason):
+def take_batch(comm, num_segments, max_lag, version, should_stop):
     """Segments from the queue until `num_segments` of them are at most `max_lag` versions old
     (older ones come too: they count in the statistics, not the batch), in actor order, so that a
     --sync batch is processed alike in every run. Returns (all segments taken, the batch, None), or
-    (None, None, why) as soon as `stop_reason()`, asked every 0.1 s while waiting, gives a reason."""
+    (None, None, why) as soon as `should_stop()`, asked every 0.1 s while waiting, gives a reason."""
     segments, batch = [], []
     while len(batch) < num_segments:
-        if why := stop_reason():
+        if why := should_stop():
             return None, None, why
         try:
             segments.append(comm.layout.views(comm.segments.get(timeout=0.1)))
         except queue.Empty:
             continue
-        if max_lag is None or version - segments[-1]["header"][2] <= max_lag:
+        if max_lag is None or version - segments[-1]["version"][0] <= max_lag:
             batch.append(segments[-1])
-    in_actor_order = functools.partial(sorted, key=lambda segment: tuple(segment["header"][:2]))
+    in_actor_order = functools.partial(sorted, key=lambda segment: (segment["rank"][0], segment["index"][0]))
     return in_actor_order(segments), in_actor_order(batch), None
 
 
-def absorb_segment(segment, reward_scaler, obs_rms, actors):
+def absorb_segment(segment, reward_scaler, obs_rms, rng_states, actor_stats):
     """What the learner does with every segment it takes, used or not: scale the rewards with its
     one set of return statistics (each env in step order), fold the observations the actor saw into
-    the learner's statistics in the actor's order (so one actor's are exactly its own), and note the
-    actor's noise generator, steps and waiting in `actors`. Returns the episodes that ended in it."""
-    actor, dones = int(segment["header"][0]), segment["dones"] > 0
+    the learner's statistics in the actor's order (with one actor, they are the actor's bit for bit),
+    note the actor's noise generator in `rng_states` and its steps and waiting in `actor_stats`.
+    Returns the episodes that ended in it: (return, length, step of the segment)."""
+    actor, dones = int(segment["rank"][0]), segment["dones"] > 0
     envs = slice((actor - 1) * dones.shape[1], actor * dones.shape[1])  # this actor's share of all envs
     for step in range(dones.shape[0]):
         segment["rewards"][step] = reward_scaler(segment["rewards"][step], dones[step], envs)
-    for raw_obs in ([segment["reset_obs"]] if segment["header"][3] else []) + list(segment["raw_obs"]):
+    if segment["index"][0] == 0:  # its envs were just reset: their first observations count too
+        obs_rms.update(segment["reset_obs"])
+    for raw_obs in segment["raw_obs"]:
         obs_rms.update(raw_obs)
-    actors[actor] = dict(rng_state=torch.as_tensor(segment["rng_state"], dtype=torch.uint8),
-                         steps=actors.get(actor, {}).get("steps", 0) + dones.size,
-                         wait_fraction=segment["header"][4] / max(segment["header"][5], 1e-9))
-    ended = segment["episode_lengths"] > 0
-    return list(zip(segment["episode_returns"][ended].tolist(), segment["episode_lengths"][ended].tolist()))
+    rng_states[actor] = torch.as_tensor(segment["rng_state"], dtype=torch.uint8)
+    stats = actor_stats.setdefault(actor, dict(steps=0))
+    stats["steps"] += dones.size
+    stats["wait_fraction"] = segment["wait_time"][0] / max(segment["run_time"][0], 1e-9)
+    steps, envs = np.nonzero(segment["episode_lengths"] > 0)
+    return list(zip(segment["episode_returns"][steps, envs].tolist(), segment["episode_lengths"][steps, envs].tolist(),
+                    steps.tolist()))
 # --8<-- [end:take_batch]
 
 
 def stop_reason(comm, processes, args, stop_request):
     """(why, exit code) if the run must stop now, else None. Prints every actor lost, once."""
-    for actor, reason in comm.watch(processes, args.actor_timeout).items():
+    lost = comm.watch(processes, args.actor_timeout)
+    for actor, reason in lost.items():
         print(f"actor {actor} lost: {reason}", flush=True)
-        if args.stop_on_actor_loss or args.sync:
-            return f"actor {actor} lost ({'--sync needs every actor' if args.sync else '--stop-on-actor-loss'})", 1
+    if lost and (args.stop_on_actor_loss or args.sync):
+        return f"actor {min(lost)} lost ({'--sync needs every actor' if args.sync else '--stop-on-actor-loss'})", 1
     if stop_request:
         return f"interrupted ({signal.Signals(stop_request[0]).name})", 128 + stop_request[0]
     if comm.error is not None:
@@ -1002,30 +1030,27 @@ def stop_reason(comm, processes, args, stop_request):
     return None if comm.live() else ("no actor left", 1)
 
 
-def actor_wait_fraction(actors):
+def actor_wait_fraction(actor_stats):
     """The share of their time the actors spent waiting on the learner, on average."""
-    return float(np.mean([a["wait_fraction"] for a in actors.values() if "wait_fraction" in a] or [0.0]))
+    return float(np.mean([stats["wait_fraction"] for stats in actor_stats.values()] or [0.0]))
 
 
-def log_actors(writer, step, elapsed, comm, lags, charts, actors):
-    """The lag and the machinery, per update: how old the batch's segments were, how the queue and
-    the actors fare, who waits for whom (a learner that waits for data wants more actors)."""
-    writer.add_scalar("charts/policy_lag_mean", np.mean(lags), step)
-    writer.add_scalar("charts/policy_lag_max", max(lags), step)
-    writer.add_histogram("charts/policy_lag", np.array(lags), step)
+def log_actors(writer, step, elapsed, comm, actor_stats, **charts):
+    """The machinery, per update: how the queue and the actors fare, who waits for whom (a learner
+    that waits for data wants more actors), with the training loop's own `charts`."""
     charts.update(queue_depth=comm.segments.qsize(), segments_received=comm.received, actors_alive=len(comm.live()),
-                  actor_wait_fraction=actor_wait_fraction(actors))
+                  actor_wait_fraction=actor_wait_fraction(actor_stats))
     for name, value in charts.items():
         writer.add_scalar(f"charts/{name}", value, step)
-    for actor, info in actors.items():
-        if "steps" in info:
-            writer.add_scalar(f"actors/actor_{actor}_SPS", info["steps"] / elapsed, step)
-            writer.add_scalar(f"actors/actor_{actor}_wait_fraction", info["wait_fraction"], step)
+    for actor, stats in actor_stats.items():
+        writer.add_scalar(f"actors/actor_{actor}_SPS", stats["steps"] / elapsed, step)
+        writer.add_scalar(f"actors/actor_{actor}_wait_fraction", stats["wait_fraction"], step)
 
 
 def handle_signals(stop_request, processes):
     """First Ctrl-C (or SIGTERM, which torchrun sends when a worker fails): stop after the current
-    update, with a checkpoint. A second one kills the actors and exits at once."""
+    update, with a checkpoint. A second one kills the actors and exits at once (under torchrun,
+    which then stops the other workers, only this process)."""
 
     def handler(signum, frame):
         if stop_request:
@@ -1083,27 +1108,18 @@ def open_store(args, world_size):
                  "(choose another --master-port, or 0 for any free one)")
 
 
-def launch(args, rank, world_size, store, processes, run_name, rng_states):
-    """The learner's process group, which waits for every actor: torchrun's rendezvous, or here
-    the actor processes it starts; then the actors take the learner's settings."""
-    if store is None:
-        dist.init_process_group("gloo", timeout=process_group_timeout(args))
-    else:
-        start_actors(args, world_size, store, processes)
-    startup_exchange(run_name, args, rng_states)
-    print(f"learner: {world_size - 1} actor(s) joined", flush=True)
-
-
-def start_actors(args, world_size, store, processes):
-    """Local launch: one process per actor, started with spawn (a fresh interpreter: nothing is
-    forked from this one), into `processes`; then the learner joins the group, which waits for
-    every actor. An actor that dies first ends the launch."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: a Ctrl-C cannot hit their start-up
-    for rank in range(1, world_size):
-        processes[rank] = mp.get_context("spawn").Process(target=actor_process, args=(rank, world_size, args, store.port),
-                                                          daemon=True)
-        processes[rank].start()
-    signal.signal(signal.SIGINT, previous)
+def launch(args, world_size, store, processes, run_name, rng_states):
+    """The learner's process group, which waits for every actor: torchrun's rendezvous (`store`
+    None), or here the actor processes it starts with spawn (a fresh interpreter: nothing is forked
+    from this one) into `processes`, an actor that dies first ending the launch; then the actors
+    take the learner's settings."""
+    if store is not None:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: a Ctrl-C cannot hit their start-up
+        for rank in range(1, world_size):
+            processes[rank] = mp.get_context("spawn").Process(target=actor_process, daemon=True,
+                                                              args=(rank, world_size, args, store.port))
+            processes[rank].start()
+        signal.signal(signal.SIGINT, previous)
     joined = threading.Event()
 
     def watchdog():
@@ -1114,32 +1130,38 @@ def start_actors(args, world_size, store, processes):
                 os._exit(1)
 
     threading.Thread(target=watchdog, daemon=True).start()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=world_size, timeout=process_group_timeout(args))
+    group = {} if store is None else dict(store=store, rank=0, world_size=world_size)  # torchrun's: in the environment
+    dist.init_process_group("gloo", timeout=process_group_timeout(args), **group)
     joined.set()
+    startup_exchange(run_name, args, rng_states)
+    print(f"learner: {world_size - 1} actor(s) joined", flush=True)
 
 
-def stop_actors(processes, timeout, lost=()):
-    """Kill the processes of lost actors at once; give the others up to `timeout` s to exit, then
-    kill them too: none outlives the learner."""
+def stop_actors(processes, timeout, told=()):
+    """Give the actors `told` to stop up to `timeout` s to exit; kill the others at once, and then
+    those too: none outlives the learner."""
     deadline = time.time() + timeout
     for rank, process in processes.items():
-        process.join(0 if rank in lost else max(0.0, deadline - time.time()))
+        process.join(max(0.0, deadline - time.time()) if rank in told else 0)
         if process.is_alive():
+            if rank in told:
+                print(f"actor {rank} did not exit within {timeout:g} s of being told to stop: killed", file=sys.stderr)
             process.kill()
             process.join()
 
 
 def shut_down(comm, processes, args):
-    """Make every live actor's next answer STOP and give them --actor-timeout s to take it; then
-    no actor process outlives the learner. True if the communication thread has ended."""
-    comm.publish(None, stop=True)
+    """Tell every live actor STOP (now, if it waits for an answer, else at its next segment) and
+    give them --actor-timeout s to take it, then 10 s to exit; no actor process outlives the
+    learner. True if the communication thread has ended (then the group can go)."""
+    comm.stop()
     deadline = time.time() + args.actor_timeout
     while comm.is_alive() and comm.live() and time.time() < deadline:
         comm.watch(processes, args.actor_timeout)  # one that dies now need not be waited for
         comm.join(0.1)
-    comm.join(1.0)
-    stop_actors(processes, timeout=10 if not comm.is_alive() else 0, lost=comm.lost)
-    if not comm.is_alive():  # every receive and send is done: the group can go
+    stop_actors(processes, timeout=10, told=comm.stopped - set(comm.lost))
+    comm.join(1.0)  # the stopped actors' closed connections end its last receive
+    if not comm.is_alive():  # every receive and send is done
         dist.destroy_process_group()
     return not comm.is_alive()
 
@@ -1150,7 +1172,7 @@ def main(args: Args):
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
     check_args(args)
-    if rank > 0:  # torchrun started this process as an actor: it takes the learner's settings
+    if rank > 0:  # torchrun started this process as an actor: it takes the learner's settings (and exits)
         actor_process(rank, world_size, args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
@@ -1174,7 +1196,7 @@ def main(args: Args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
     generator = torch.Generator().manual_seed(args.seed)  # minibatch order
-    actors = {}  # rank -> its action-noise generator's state after its last segment, its steps and waiting
+    rng_states, actor_stats = {}, {}  # per actor: its noise generator after its last segment; its steps and waiting
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     agent = Agent(obs_dim, act_dim).to(device)
@@ -1189,7 +1211,7 @@ def main(args: Args):
         """Everything a resumed run needs, as tensors and plain numbers."""
         return {"agent": agent.state_dict(), "optimizer": adam,
                 "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
-                "generator": generator.get_state(), "actor_generators": {r: a["rng_state"] for r, a in actors.items()},
+                "generator": generator.get_state(), "actor_generators": rng_states,
                 "global_step": global_step, "iteration": iteration, "args": vars(args)}
 
     global_step, start_iteration = 0, 1
@@ -1202,7 +1224,7 @@ def main(args: Args):
         obs_rms.load_state_dict(checkpoint["obs_rms"])
         reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
         generator.set_state(checkpoint["generator"])
-        actors.update({rank: dict(rng_state=state) for rank, state in checkpoint["actor_generators"].items()})
+        rng_states.update(checkpoint.get("actor_generators", {}))  # none in vaco_continuous.py's checkpoints
         global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
         print(f"resumed from {args.resume} at step {global_step} (update {checkpoint['iteration']})")
 
@@ -1210,7 +1232,7 @@ def main(args: Args):
     # Launch; from here on, point-to-point messages only.
     stop_request, processes = [], {}
     handle_signals(stop_request, processes)  # a second Ctrl-C kills the processes
-    launch(args, rank, world_size, store, processes, run_name, {r: a["rng_state"] for r, a in actors.items()})
+    launch(args, world_size, store, processes, run_name, rng_states)
     version = start_iteration - 1  # the policy version: the number of updates so far
     comm = LearnerComm(range(1, world_size), SegmentLayout(args.num_steps, args.num_envs // args.num_actors, obs_dim, act_dim),
                        args.queue_batches * args.num_actors, args.sync, version, pack_policy(agent.actor, obs_rms))
@@ -1240,11 +1262,15 @@ def main(args: Args):
         if stopped:
             break
         for segment in segments:
-            for episode_return, episode_length in absorb_segment(segment, reward_scaler, obs_rms, actors):
-                recent_returns.append(episode_return)
-                writer.add_scalar("charts/episodic_return", episode_return, global_step)
-                writer.add_scalar("charts/episodic_length", episode_length, global_step)
-        lags = [version - int(segment["header"][2]) for segment in batch]  # the others are dropped: too old
+            for episode_return, episode_length, step in absorb_segment(segment, reward_scaler, obs_rms, rng_states,
+                                                                       actor_stats):
+                recent_returns.append(episode_return)  # logged at the step vaco_continuous.py would log it
+                writer.add_scalar("charts/episodic_return", episode_return, global_step + (step + 1) * args.num_envs)
+                writer.add_scalar("charts/episodic_length", episode_length, global_step + (step + 1) * args.num_envs)
+        lags = [version - int(segment["version"][0]) for segment in batch]  # the others are dropped: too old
+        writer.add_scalar("charts/policy_lag_mean", np.mean(lags), global_step)
+        writer.add_scalar("charts/policy_lag_max", max(lags), global_step)
+        writer.add_histogram("charts/policy_lag", np.array(lags), global_step)
         global_step, used, dropped = global_step + args.batch_size, used + len(batch), dropped + len(segments) - len(batch)
 
         # Segments side by side: [T, n, ...] each -> [T, N, ...]
@@ -1294,9 +1320,8 @@ def main(args: Args):
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
-        log_actors(writer, global_step, elapsed, comm, lags, dict(segments_used=used, segments_dropped=dropped,
-                   updates_per_second=(iteration - start_iteration + 1) / elapsed,
-                   learner_wait_fraction=learner_wait / elapsed), actors)
+        log_actors(writer, global_step, elapsed, comm, actor_stats, segments_used=used, segments_dropped=dropped,
+                   updates_per_second=(iteration - start_iteration + 1) / elapsed, learner_wait_fraction=learner_wait / elapsed)
         if time.time() - last_print > 10 or iteration == args.num_iterations:
             last_print = time.time()
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
@@ -1313,7 +1338,7 @@ def main(args: Args):
         print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
               f"{np.mean(recent_returns):.1f}")
     print(f"segments: {used} used, {dropped} dropped, {comm.received} received | waiting: learner {learner_wait / (time.time() - start_time):.0%}"
-          f" of its time (for data), actors {actor_wait_fraction(actors):.0%} (for the learner)", flush=True)
+          f" of its time (for data), actors {actor_wait_fraction(actor_stats):.0%} (for the learner)", flush=True)
     # Checkpoint before the actors are told to stop: under torchrun a SIGTERM is followed by a
     # SIGKILL if the shutdown takes long. An interrupted or failed run always keeps its state.
     model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
@@ -1334,11 +1359,12 @@ def main(args: Args):
         import wandb
 
         wandb.finish()
-    if stopped:
-        print(f"error: stopped at step {global_step}, update {version}: {stopped[0]}; continue with --resume "
-              f"{model_path}", file=sys.stderr)
+    why, code = stopped or (None, 0)
+    if why:
+        print(f"error: stopped at step {global_step}, update {version}: {why}; continue with --resume {model_path}",
+              file=sys.stderr)
     sys.stdout.flush(), sys.stderr.flush()
-    (sys.exit if ended else os._exit)(stopped[1] if stopped else 0)  # a receive blocked on a silent actor cannot hold the exit
+    sys.exit(code) if ended else os._exit(code)  # a receive blocked on a silent actor must not hold the exit
 
 
 if __name__ == "__main__":

@@ -113,17 +113,19 @@ def test_collect_segment_keeps_final_observations_episodes_and_statistics():
 
 def test_the_learner_absorbs_exactly_what_the_actor_saw():
     segment, obs_rms, _, _, _ = three_step_segment()
-    segment["header"][:] = [1, 0, 0, 1, 0.5, 2.0]  # actor 1's first segment: the envs were just reset
-    learner_rms, actors = vaco_async.RunningMeanStd((3,)), {}
+    for field, value in dict(rank=1, index=0, version=0, wait_time=0.5, run_time=2.0).items():
+        segment[field][:] = value  # actor 1's first segment: the envs were just reset
+    learner_rms, rng_states, actor_stats = vaco_async.RunningMeanStd((3,)), {}, {}
     raw_rewards = segment["rewards"].copy()
-    episodes = vaco_async.absorb_segment(segment, vaco_async.RewardScaler(2, 0.99), learner_rms, actors)
+    episodes = vaco_async.absorb_segment(segment, vaco_async.RewardScaler(2, 0.99), learner_rms, rng_states, actor_stats)
     # one actor: the learner's statistics are the actor's, bit for bit (the next version carries them back)
     assert np.array_equal(learner_rms.mean, obs_rms.mean) and learner_rms.count == obs_rms.count
     assert np.array_equal(learner_rms.var, obs_rms.var)
     reference = vaco_async.RewardScaler(2, 0.99)  # the rewards, scaled as the synchronous script does
     np.testing.assert_array_equal(segment["rewards"], [reference(r, d) for r, d in zip(raw_rewards, segment["dones"] > 0)])
-    assert [length for _, length in episodes] == [3, 3, 3, 3] and actors[1]["wait_fraction"] == 0.25
-    assert actors[1]["steps"] == 14 and actors[1]["rng_state"].dtype == torch.uint8
+    # episodes in step order, each with the step of the segment it ended at (envs 0 and 1 end together)
+    assert [(length, step) for _, length, step in episodes] == [(3, 2), (3, 2), (3, 5), (3, 5)]
+    assert actor_stats[1] == dict(steps=14, wait_fraction=0.25) and rng_states[1].dtype == torch.uint8
 
 
 def test_reward_scaler_on_slices_of_envs_keeps_one_set_of_statistics():
@@ -388,6 +390,30 @@ def test_a_killed_actor_is_lost_and_the_run_goes_on_every_time(launch, tmp_path,
     assert re.search(r"actor \d lost: its process exited with code -9", out) and "step 5120/5120 (100%)" in out
     _, scalars = run_scalars(tmp_path)
     assert scalars["charts/actors_alive"][-1] == 1
+
+
+@pytest.mark.parametrize("attempt", range(4))
+def test_an_actor_lost_under_sync_stops_the_run_at_once_every_time(launch, tmp_path, attempt):
+    # --sync needs every actor: the learner checkpoints and exits 1, and tells the other actor, which
+    # waits for its answer, to stop, at once (not after --actor-timeout or gloo's timeout) and
+    # whichever the learner notices first: the process's exit or a send to it that fails
+    run = script(launch, *flags(num_actors=2, sync=True, total_timesteps=64 * 4000, actor_timeout=60))
+    run.wait_for("actor\\(s\\) joined", timeout=60)
+    time.sleep(1.0 + 0.3 * attempt)
+    os.kill(children(run.proc.pid, "spawn_main")[attempt % 2], signal.SIGKILL)
+    killed_at = time.time()
+    code, out, err = run.finish(timeout=50)
+    assert code == 1, out + err
+    assert time.time() - killed_at < 15, out + err
+    assert re.search(r"actor \d lost: ", out) and "lost (--sync needs every actor); continue with --resume" in err
+    assert "killed" not in err and glob.glob(f"{tmp_path}/runs/*/vaco_async.cleanrl_model")
+
+
+def test_a_loss_the_communication_thread_finds_is_reported_once():
+    comm = vaco_async.LearnerComm([1, 2], vaco_async.SegmentLayout(2, 1, 3, 1), 2, True, 0, torch.zeros(1))
+    comm.lost[2] = "connection lost (Connection closed by peer)"  # what a failed send to actor 2 records
+    assert comm.watch({}, timeout=60) == {2: "connection lost (Connection closed by peer)"}
+    assert comm.watch({}, timeout=60) == {} and comm.live() == [1]
 
 
 def test_a_silent_actor_is_dismissed_and_the_run_goes_on(launch, tmp_path):
