@@ -831,26 +831,29 @@ class LearnerComm(threading.Thread):
         self.lock = threading.Condition(threading.RLock())  # guards the state below; notified on publish and stop
         self.published, self.replied_version = (version, weights), version
         self.sent_version = dict.fromkeys(self.actors, -1)  # the version of the weights each actor holds
-        self.pending = {actor: [] for actor in self.actors}  # reply sends not waited on yet
+        self.pending = {actor: [] for actor in self.actors}  # reply sends not waited on yet (each waited by one thread)
         self.deaf_time, self.deaf_since = 0.0, None  # time not listening: finished periods, the current one's start
         self.unanswered = set(self.actors)  # actors waiting for our answer (at first, for the initial policy)
         self.last_contact = dict.fromkeys(self.actors, self.listening())  # on the listening clock
         self.lost, self.reported = {}, set()  # rank -> why it was counted lost; the losses `watch` returned
-        self.stopped = set()  # the actors answered STOP or DISMISSED
+        self.stopped, self.told = set(), set()  # the actors answered STOP or DISMISSED; those whose answer was sent
         self.received, self.stopping, self.error = 0, False, None
 
     def listening(self):
         """The listening clock: seconds this thread has been able to receive (now - time deaf)."""
-        now = time.monotonic()
-        return now - self.deaf_time - (now - self.deaf_since if self.deaf_since is not None else 0.0)
+        with self.lock:
+            now = time.monotonic()
+            return now - self.deaf_time - (now - self.deaf_since if self.deaf_since is not None else 0.0)
 
     def not_listening(self, wait):
         """Run `wait()`, which blocks without receiving, with the listening clock stopped."""
-        self.deaf_since = time.monotonic()
+        with self.lock:
+            self.deaf_since = time.monotonic()
         try:
             return wait()
         finally:
-            self.deaf_time, self.deaf_since = self.deaf_time + time.monotonic() - self.deaf_since, None
+            with self.lock:
+                self.deaf_time, self.deaf_since = self.deaf_time + time.monotonic() - self.deaf_since, None
 
     def live(self):
         with self.lock:
@@ -906,11 +909,17 @@ class LearnerComm(threading.Thread):
                 posted.append(self.post())
                 if message is not None:
                     self.receive(message)
-            for actor in self.stopped - set(self.lost):  # let the STOP sends finish before the group goes
-                for work in self.pending[actor]:
-                    work.wait()
+            self.wait_told()
         except Exception as e:  # the group is unusable: the training loop stops
             self.error = e
+
+    def wait_told(self):
+        """Let the STOP and DISMISSED sends finish before the group goes; not those of an answer still
+        being sent by the other thread (each send is waited on once: gloo's second wait blocks)."""
+        with self.lock:
+            sends = [work for actor in self.told for work in self.pending.pop(actor, [])]
+        for work in sends:
+            work.wait()
 
     def post(self):
         message = torch.empty(self.layout.size, dtype=torch.float64)  # a new tensor per segment: the queue keeps it
@@ -958,17 +967,21 @@ class LearnerComm(threading.Thread):
                 self.sent_version[actor] = version
             if code != CONTINUE:
                 self.stopped.add(actor)
+            previous, self.pending[actor] = self.pending[actor], []  # a send is waited on once: gloo's second wait blocks
         try:
-            for work in self.pending[actor]:  # it has sent a segment since, so it received these
+            for work in previous:  # it has sent a segment since, so it received these
                 work.wait()
-            self.pending[actor] = [dist.isend(torch.tensor([version, code, with_weights], dtype=torch.float64), actor,
-                                              tag=REPLY_TAG)]
+            sends = [dist.isend(torch.tensor([version, code, with_weights], dtype=torch.float64), actor, tag=REPLY_TAG)]
             if with_weights:
-                self.pending[actor].append(dist.isend(weights, actor, tag=WEIGHTS_TAG))
+                sends.append(dist.isend(weights, actor, tag=WEIGHTS_TAG))
         except RuntimeError as e:  # its connection is gone: the process died
-            self.pending[actor] = []
             with self.lock:
                 self.lost.setdefault(actor, f"connection lost ({str(e).splitlines()[0]})")
+            return
+        with self.lock:
+            self.pending[actor] = sends
+            if code != CONTINUE:
+                self.told.add(actor)
 # --8<-- [end:learner_comm]
 
 
@@ -1159,7 +1172,7 @@ def shut_down(comm, processes, args):
     while comm.is_alive() and comm.live() and time.time() < deadline:
         comm.watch(processes, args.actor_timeout)  # one that dies now need not be waited for
         comm.join(0.1)
-    stop_actors(processes, timeout=10, told=comm.stopped - set(comm.lost))
+    stop_actors(processes, timeout=10, told=comm.told)  # the set itself: those told meanwhile count too
     comm.join(1.0)  # the stopped actors' closed connections end its last receive
     if not comm.is_alive():  # every receive and send is done
         dist.destroy_process_group()

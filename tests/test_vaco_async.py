@@ -2,6 +2,7 @@
 and its actor processes (spawned, and under torchrun), each in its own session with a hard timeout,
 after which no process it started may be alive."""
 
+import collections
 import glob
 import os
 import re
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -414,6 +416,36 @@ def test_a_loss_the_communication_thread_finds_is_reported_once():
     comm.lost[2] = "connection lost (Connection closed by peer)"  # what a failed send to actor 2 records
     assert comm.watch({}, timeout=60) == {2: "connection lost (Connection closed by peer)"}
     assert comm.watch({}, timeout=60) == {} and comm.live() == [1]
+
+
+def test_a_send_is_waited_on_once_when_both_threads_answer(monkeypatch):
+    # gloo's second wait on a finished send blocks until the group's timeout: the training loop's
+    # STOP (which first waits the actor's previous sends) and the communication thread's last waits
+    # must never wait the same send, whatever their interleaving
+    works, waits, gate = [], collections.Counter(), threading.Event()
+
+    class Work:
+        def __init__(self):
+            self.id = len(works)
+            works.append(self)
+
+        def wait(self):
+            waits[self.id] += 1
+            if self.id == 0:  # the first reply's send is slow to finish
+                gate.wait(5)
+
+    monkeypatch.setattr(vaco_async.dist, "isend", lambda *args, **kwargs: Work())
+    comm = vaco_async.LearnerComm([1], vaco_async.SegmentLayout(2, 1, 3, 1), 2, False, 0, torch.zeros(1))
+    comm.reply(1)  # the initial policy: the reply and the weights (sends 0 and 1)
+    comm.unanswered.add(1)  # its segment arrived
+    stopping = threading.Thread(target=comm.stop)
+    stopping.start()
+    time.sleep(0.2)  # the STOP answer now waits on send 0
+    comm.wait_told()  # the communication thread's last waits, meanwhile
+    gate.set()
+    stopping.join(5)
+    comm.wait_told()
+    assert len(works) == 3 and max(waits.values()) == 1 and comm.told == {1} and comm.stopped == {1}
 
 
 def test_a_silent_actor_is_dismissed_and_the_run_goes_on(launch, tmp_path):
