@@ -10,7 +10,7 @@ through torch.distributed (gloo backend, CPU tensors, point-to-point after start
     actor r (num_envs / N envs)                      learner (rank 0)
     act with the newest version received  --- segment of num_steps steps --->  communication thread:
     (its weights and observation                                                queue -> batch of N segments
-     statistics)                          <-- reply: [version, stop] --------   -> VACO update -> version + 1
+     statistics)                          <-- reply: [version, code] --------   -> VACO update -> version + 1
                                               (+ weights, if newer)
 
 A segment waits in the queue while the learner trains, so it can be several versions old when it
