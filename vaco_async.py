@@ -677,7 +677,8 @@ class SegmentLayout:
 
     def __init__(self, num_steps, num_envs, obs_dim, act_dim):
         T, n, rng = num_steps, num_envs, torch.Generator().get_state().numel()
-        self.shapes = dict(rank=(1,), index=(1,), version=(1,), wait_time=(1,), run_time=(1,), obs=(T, n, obs_dim), next_obs=(T, n, obs_dim), reset_obs=(n, obs_dim),
+        self.shapes = dict(rank=(1,), index=(1,), version=(1,), wait_time=(1,), run_time=(1,),
+                           obs=(T, n, obs_dim), next_obs=(T, n, obs_dim), reset_obs=(n, obs_dim),
                            raw_obs=(T, n, obs_dim), actions=(T, n, act_dim), logprobs=(T, n), rewards=(T, n),
                            terminations=(T, n), dones=(T, n), episode_returns=(T, n),
                            episode_lengths=(T, n), rng_state=(rng,))
@@ -904,7 +905,7 @@ class LearnerComm(threading.Thread):
                     failures = 0
                 except RuntimeError:  # that dead actor's connection: the others carry on
                     failures, message = failures + 1, None
-                    if failures > 2 * len(self.actors):  # more than every actor's connection can fail: the group is broken
+                    if failures > 2 * len(self.actors):  # more than dead connections can explain: the group is broken
                         raise
                 posted.append(self.post())
                 if message is not None:
@@ -938,7 +939,8 @@ class LearnerComm(threading.Thread):
         with self.lock:  # --sync: once every live actor's segment is in, answer them with the next version
             if not self.unanswered >= set(self.live()):
                 return
-            self.not_listening(lambda: self.lock.wait_for(lambda: self.published[0] > self.replied_version or self.stopping))
+            self.not_listening(lambda: self.lock.wait_for(
+                lambda: self.published[0] > self.replied_version or self.stopping))
             waiting = sorted(self.unanswered)
         for actor in waiting:
             self.reply(actor)
@@ -959,7 +961,8 @@ class LearnerComm(threading.Thread):
             if actor not in self.unanswered:  # the other thread answered it (a stop)
                 return
             self.unanswered.discard(actor)
-            (version, weights), code = self.published, DISMISSED if actor in self.lost else STOP if self.stopping else CONTINUE
+            version, weights = self.published
+            code = DISMISSED if actor in self.lost else STOP if self.stopping else CONTINUE
             with_weights = code == CONTINUE and version > self.sent_version[actor]
             self.last_contact[actor] = self.listening()  # its silence counts from now
             self.replied_version = version
@@ -967,7 +970,7 @@ class LearnerComm(threading.Thread):
                 self.sent_version[actor] = version
             if code != CONTINUE:
                 self.stopped.add(actor)
-            previous, self.pending[actor] = self.pending[actor], []  # a send is waited on once: gloo's second wait blocks
+            previous, self.pending[actor] = self.pending[actor], []  # waited on once: a second gloo wait blocks
         try:
             for work in previous:  # it has sent a segment since, so it received these
                 work.wait()
@@ -1138,7 +1141,8 @@ def launch(args, world_size, store, processes, run_name, rng_states):
     def watchdog():
         while not joined.wait(0.2):
             if dead := [(rank, p.exitcode) for rank, p in processes.items() if p.exitcode is not None]:
-                print(f"error: actor {dead[0][0]} exited during start-up (code {dead[0][1]})", file=sys.stderr, flush=True)
+                print(f"error: actor {dead[0][0]} exited during start-up (code {dead[0][1]})", file=sys.stderr,
+                      flush=True)
                 stop_actors(processes, timeout=0)
                 os._exit(1)
 
@@ -1247,8 +1251,9 @@ def main(args: Args):
     handle_signals(stop_request, processes)  # a second Ctrl-C kills the processes
     launch(args, world_size, store, processes, run_name, rng_states)
     version = start_iteration - 1  # the policy version: the number of updates so far
-    comm = LearnerComm(range(1, world_size), SegmentLayout(args.num_steps, args.num_envs // args.num_actors, obs_dim, act_dim),
-                       args.queue_batches * args.num_actors, args.sync, version, pack_policy(agent.actor, obs_rms))
+    layout = SegmentLayout(args.num_steps, args.num_envs // args.num_actors, obs_dim, act_dim)  # each actor's segment
+    comm = LearnerComm(range(1, world_size), layout, args.queue_batches * args.num_actors, args.sync, version,
+                       pack_policy(agent.actor, obs_rms))
     comm.start()
     # --8<-- [end:launch]
     recent_returns = collections.deque(maxlen=100)
@@ -1275,11 +1280,10 @@ def main(args: Args):
         if stopped:
             break
         for segment in segments:
-            for episode_return, episode_length, step in absorb_segment(segment, reward_scaler, obs_rms, rng_states,
-                                                                       actor_stats):
-                recent_returns.append(episode_return)  # logged at the step vaco_continuous.py would log it
-                writer.add_scalar("charts/episodic_return", episode_return, global_step + (step + 1) * args.num_envs)
-                writer.add_scalar("charts/episodic_length", episode_length, global_step + (step + 1) * args.num_envs)
+            for ret, length, step in absorb_segment(segment, reward_scaler, obs_rms, rng_states, actor_stats):
+                recent_returns.append(ret)  # logged at the step vaco_continuous.py would log it:
+                writer.add_scalar("charts/episodic_return", ret, global_step + (step + 1) * args.num_envs)
+                writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
         lags = [version - int(segment["version"][0]) for segment in batch]  # the others are dropped: too old
         writer.add_scalar("charts/policy_lag_mean", np.mean(lags), global_step)
         writer.add_scalar("charts/policy_lag_max", max(lags), global_step)
@@ -1334,7 +1338,8 @@ def main(args: Args):
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         log_actors(writer, global_step, elapsed, comm, actor_stats, segments_used=used, segments_dropped=dropped,
-                   updates_per_second=(iteration - start_iteration + 1) / elapsed, learner_wait_fraction=learner_wait / elapsed)
+                   updates_per_second=(iteration - start_iteration + 1) / elapsed,
+                   learner_wait_fraction=learner_wait / elapsed)
         if time.time() - last_print > 10 or iteration == args.num_iterations:
             last_print = time.time()
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
