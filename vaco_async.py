@@ -933,7 +933,8 @@ class LearnerComm(threading.Thread):
             self.last_contact[actor] = self.listening()
             self.unanswered.add(actor)
             queue_it = not (self.stopping or actor in self.lost)
-        if not (queue_it and self.not_listening(lambda: self.put(message))) or not self.sync:
+        queued = queue_it and self.not_listening(lambda: self.put(message))
+        if not queued or not self.sync:
             self.reply(actor)  # CONTINUE, or STOP (the run is over), or DISMISSED (it was counted lost)
             return
         with self.lock:  # --sync: once every live actor's segment is in, answer them with the next version
@@ -1026,9 +1027,9 @@ def absorb_segment(segment, reward_scaler, obs_rms, rng_states, actor_stats):
     stats = actor_stats.setdefault(actor, dict(steps=0))
     stats["steps"] += dones.size
     stats["wait_fraction"] = segment["wait_time"][0] / max(segment["run_time"][0], 1e-9)
-    steps, envs = np.nonzero(segment["episode_lengths"] > 0)
-    return list(zip(segment["episode_returns"][steps, envs].tolist(), segment["episode_lengths"][steps, envs].tolist(),
-                    steps.tolist()))
+    ended = np.nonzero(segment["episode_lengths"] > 0)  # (steps, envs), in step order
+    return list(zip(segment["episode_returns"][ended].tolist(), segment["episode_lengths"][ended].tolist(),
+                    ended[0].tolist()))
 # --8<-- [end:take_batch]
 
 

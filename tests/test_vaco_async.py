@@ -379,14 +379,19 @@ def test_torchrun_two_nodes_on_loopback(launch, tmp_path):
     assert sum("step 512/512 (100%)" in out for _, out, _ in results) == 1  # one learner, on either node
 
 
+def kill_one_of_two_actors(run, attempt):
+    """SIGKILL actor 1 or 2 (by `attempt`) a few updates in, at a different moment each attempt."""
+    run.wait_for("actor\\(s\\) joined", timeout=60)
+    time.sleep(1.0 + 0.3 * attempt)
+    os.kill(children(run.proc.pid, "spawn_main")[attempt % 2], signal.SIGKILL)
+
+
 @pytest.mark.parametrize("attempt", range(4))
 def test_a_killed_actor_is_lost_and_the_run_goes_on_every_time(launch, tmp_path, attempt):
     # the documented outcome, every time: the killed actor's closed connection, whenever it
     # reaches the learner's receive, does not stop the run; the other actor carries it to the end
     run = script(launch, *flags(num_actors=2, total_timesteps=64 * 80, actor_delay_ms=10))
-    run.wait_for("actor\\(s\\) joined", timeout=60)
-    time.sleep(1.0 + 0.3 * attempt)  # a few updates in, at a different moment each time
-    os.kill(children(run.proc.pid, "spawn_main")[attempt % 2], signal.SIGKILL)
+    kill_one_of_two_actors(run, attempt)
     code, out, err = run.finish(timeout=90)
     assert code == 0, out + err
     assert re.search(r"actor \d lost: its process exited with code -9", out) and "step 5120/5120 (100%)" in out
@@ -400,9 +405,7 @@ def test_an_actor_lost_under_sync_stops_the_run_at_once_every_time(launch, tmp_p
     # waits for its answer, to stop, at once (not after --actor-timeout or gloo's timeout) and
     # whichever the learner notices first: the process's exit or a send to it that fails
     run = script(launch, *flags(num_actors=2, sync=True, total_timesteps=64 * 4000, actor_timeout=60))
-    run.wait_for("actor\\(s\\) joined", timeout=60)
-    time.sleep(1.0 + 0.3 * attempt)
-    os.kill(children(run.proc.pid, "spawn_main")[attempt % 2], signal.SIGKILL)
+    kill_one_of_two_actors(run, attempt)
     killed_at = time.time()
     code, out, err = run.finish(timeout=50)
     assert code == 1, out + err
