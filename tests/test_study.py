@@ -2,6 +2,7 @@
 synthetic results whose scores and aggregates are known, and one tiny real run."""
 
 import importlib
+import glob
 import itertools
 import json
 import os
@@ -208,6 +209,30 @@ def test_select_filters_by_every_axis():
     assert [(r.algorithm, r.task, r.k, r.seed) for r in picked] == [("ppo", "Ant-v4", 8, 1), ("ppo", "Ant-v4", 8, 2)]
 
 
+def test_ten_tasks_preset_is_ppo_and_vaco_at_k_1_and_8_on_the_ten_tasks():
+    runs = study.grid("ten-tasks")
+    assert len(runs) == 120
+    assert {r.task for r in runs} == set(study.PAPER_TASKS) and len(study.PAPER_TASKS) == 10
+    assert {(r.algorithm, r.k, r.seed) for r in runs} == set(itertools.product(["ppo", "vaco"], [1, 8], [1, 2, 3]))
+    assert {r.steps for r in runs} == {1_000_000}
+    # seed 1 of every task first: a study stopped early still covers the ten tasks
+    assert {r.task for r in runs[:40]} == set(study.PAPER_TASKS)
+    # every reused folder holds runs of that budget
+    for folder in study.REUSE["ten-tasks"]:
+        metas = [json.load(open(p)) for p in glob.glob(os.path.join(study.RESULTS, folder, "*__*.json"))]
+        assert metas and {m["total_timesteps"] for m in metas} == {1_000_000}
+
+
+def test_every_paper_task_makes_and_steps():
+    import gymnasium as gym
+
+    for task in study.PAPER_TASKS:
+        env = gym.make(task)
+        env.reset(seed=0)
+        env.step(env.action_space.sample())
+        env.close()
+
+
 def test_paper_preset_covers_every_algorithm_lag_and_task():
     runs = study.grid("paper")
     cells = [(r.algorithm, r.k, r.task, r.seed) for r in runs]
@@ -255,7 +280,18 @@ def test_a_run_that_trains_like_a_finished_one_reuses_its_results(tmp_path):
     assert (tmp_path / f"{run.name}.csv").read_text() == (tmp_path / f"{finished.name}.csv").read_text()
     assert json.loads((tmp_path / f"{run.name}.json").read_text())["same_training_as"] == finished.name
     other_seed = study.Run("Hopper-v4", "vaco", 8, 3, finished.steps)
-    assert study.find_twin(other_seed, str(tmp_path)) is None
+    assert study.find_twin(other_seed, [str(tmp_path)]) is None
+
+
+def test_a_run_finished_in_another_folder_is_reused_and_named(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    finished = write_run(str(old), "Hopper-v4", "ppo", 1, 1, [1.0, 2.0])
+    longer = study.Run("Hopper-v4", "ppo", 1, 2, finished.steps)  # another seed: trained anew
+    assert study.find_twin(longer, [str(new), str(old)]) is None
+    assert study.execute(finished, str(new), reuse=[str(old)]) == 0.0
+    assert (new / f"{finished.name}.csv").read_text() == (old / f"{finished.name}.csv").read_text()
+    assert json.loads((new / f"{finished.name}.json").read_text())["same_training_as"] == f"../old/{finished.name}"
 
 
 def test_study_vaco_is_the_scripts_default():
