@@ -11,7 +11,8 @@ Scores (per run, from its CSV of per-update episode returns):
   i.e. the normalised area under the learning curve (early learning counts too).
 Normalisation per task: (score - random policy) / (PPO K=1 mean - random policy), so 0 is a
 uniformly random policy and 1.0 is "as good as synchronous PPO" on that task. The random policy's
-return is measured here (uniform actions, 20 episodes, seed 0) and cached in `random_scores.json`.
+return is measured here (uniform actions, seed 0; benchmark/random_scores.py) and stored beside the
+results in `random_scores.json`.
 
 Aggregates (rliable): median, IQM, mean and optimality gap over all runs x tasks, with 95%
 stratified-bootstrap percentile intervals (resampling seeds within each task). The bootstrap is
@@ -31,7 +32,8 @@ from typing import Optional
 import numpy as np
 import tyro
 
-from study import DELTAS  # the sweep's thresholds (a sibling script of this folder)
+import random_scores  # sibling scripts of this folder
+from study import DELTAS
 
 SLICES = 10
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
@@ -79,40 +81,13 @@ def normalise(score, random_score, reference_score):
     return (score - random_score) / (reference_score - random_score)
 
 
-def random_policy_score(task, episodes=20, seed=0):
-    """Mean return of uniformly random actions."""
-    import gymnasium as gym
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        env = gym.make(task)
-    env.action_space.seed(seed)
-    returns = []
-    for episode in range(episodes):
-        env.reset(seed=seed + episode)
-        total, done = 0.0, False
-        while not done:
-            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
-            total += reward
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    return float(np.mean(returns))
-
-
-def random_scores(tasks, cache_path):
-    """Random-policy returns per task, measured once and cached beside the results."""
-    cached = {}
-    if os.path.exists(cache_path):
-        with open(cache_path) as f:
-            cached = json.load(f)
-    missing = [t for t in tasks if t not in cached]
-    for task in missing:
-        cached[task] = random_policy_score(task)
-    if missing:
-        with open(cache_path, "w") as f:
-            json.dump(cached, f, indent=1, sort_keys=True)
-    return cached
+def ppo_references(runs):
+    """{task: mean final return of PPO at K = 1}, the 1 of the normalised scores."""
+    finals = defaultdict(list)
+    for meta, rows in runs:
+        if (meta["algorithm"], meta["k"]) == ("ppo", 1):
+            finals[meta["task"]].append(run_scores(meta, rows)["final"])
+    return {task: float(np.mean(f)) for task, f in finals.items()}
 
 
 def score_table(runs, randoms):
@@ -242,7 +217,10 @@ def main(args: Args):
     if not runs:
         sys.exit(f"error: no finished runs (JSON + CSV) in {args.results_dir}")
     tasks_all = sorted({meta["task"] for meta, _ in runs})
-    randoms = random_scores(tasks_all, os.path.join(args.results_dir, "random_scores.json"))
+    # measured once per task and stored beside the results (benchmark/random_scores.py sets the precision)
+    stored = random_scores.load(args.results_dir)
+    random_scores.update(args.results_dir, [t for t in tasks_all if t not in stored], ppo_references(runs))
+    randoms = {task: entry["mean"] for task, entry in random_scores.load(args.results_dir).items()}
     raw, normalised = score_table(runs, randoms)
     if ("ppo", 1) not in raw:
         sys.exit("error: normalisation needs PPO with K = 1 on every task, and no such run is finished")

@@ -386,3 +386,41 @@ def test_script_curves_draw_the_script_at_its_defaults(tmp_path, saved):
     assert names == {"ppo": {"TaskA-v4", "TaskB-v4"}}
     with pytest.raises(SystemExit, match="no finished run of spo_continuous.py at its defaults"):
         script_curves.main(script_curves.Args(script="spo_continuous.py", results_dir=folder, out=out))
+
+
+# --- random-policy scores -----------------------------------------------------------------------
+
+def test_random_scores_meet_their_precision_against_ppo_and_are_measured_once(tmp_path, capsys):
+    import random_scores
+
+    folder = str(tmp_path)
+    write_run(folder, "Reacher-v4", "ppo", 1, 1, [-5.0] * 10)  # PPO's final return: -5
+    write_run(folder, "Reacher-v4", "vaco", 1, 1, [-6.0] * 10)
+    random_scores.main(random_scores.Args(folder))
+    entry = random_scores.load(folder)["Reacher-v4"]
+    assert entry["reference"] == -5.0 and entry["episodes"] > 20
+    assert entry["stderr"] <= 0.01 * abs(-5.0 - entry["mean"])
+    # the fewest episodes that meet it: one episode fewer does not
+    returns = list(itertools.islice(random_scores.episode_returns("Reacher-v4"), entry["episodes"]))
+    assert np.mean(returns) == pytest.approx(entry["mean"])
+    shorter = returns[:-1]
+    assert np.std(shorter, ddof=1) / np.sqrt(len(shorter)) > 0.01 * abs(-5.0 - np.mean(shorter))
+    capsys.readouterr()
+    random_scores.main(random_scores.Args(folder))  # already precise enough: nothing measured again
+    assert capsys.readouterr().out == ""
+    # a task without a PPO K = 1 run gets the minimum, and a bare number (20 episodes) still loads
+    assert random_scores.measure("Reacher-v4", None)["episodes"] == 20
+    with open(os.path.join(folder, "random_scores.json"), "w") as f:
+        json.dump({"Reacher-v4": -43.0}, f)
+    assert random_scores.load(folder)["Reacher-v4"]["mean"] == -43.0
+
+
+def test_random_scores_bad_input(tmp_path):
+    import random_scores
+
+    with pytest.raises(SystemExit, match="not a folder"):
+        random_scores.main(random_scores.Args(str(tmp_path / "missing")))
+    with pytest.raises(SystemExit, match="no finished runs"):
+        random_scores.main(random_scores.Args(str(tmp_path)))
+    with pytest.raises(SystemExit, match="precision"):
+        random_scores.main(random_scores.Args(str(tmp_path), precision=0.0))
