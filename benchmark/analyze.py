@@ -142,7 +142,8 @@ def probability_of_improvement(pairs, reps, seed):
 
 def diagnostics(runs, key, tasks):
     """Mean over runs (and updates) of the logged lag and filter diagnostics."""
-    columns = ["backward_tv", "approx_kl", "tv_divergence", "filter_tv", "filtered_fraction", "filter_on_fraction"]
+    columns = ["backward_tv", "approx_kl", "tv_divergence", "filter_tv", "filtered_fraction", "filter_on_fraction",
+               "entropy"]
     values = defaultdict(list)
     for meta, rows in runs:
         if (meta["algorithm"], meta["k"]) == key and meta["task"] in tasks:
@@ -198,6 +199,109 @@ def raw_section(raw, keys, tasks):
     return lines + [""]
 
 
+def t_interval(values):
+    """Mean and 95% Student-t interval of the mean over seeds (n - 1 degrees of freedom)."""
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    mean = values.mean()
+    if len(values) < 2:
+        return mean, (np.nan, np.nan)
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    return mean, (mean - half, mean + half)
+
+
+def finals(raw, key, task):
+    """Final returns of every seed of one algorithm and K on a task."""
+    return [s["final"] for s in raw.get(key, {}).get(task, {}).values()]
+
+
+def above_random_ratio(vaco, ppo, random):
+    """(VACO - random) / (PPO - random) of mean final returns: > 1 when VACO is ahead, also on tasks
+    whose returns are negative (where a plain ratio of returns would read the other way)."""
+    return (np.mean(vaco) - random) / (np.mean(ppo) - random)
+
+
+def comparison_section(raw, randoms, tasks, ks):
+    """Per task: PPO's and VACO's final return (mean and 95% t-interval over seeds) at each K, and
+    their ratio above the random policy."""
+    lines = ["Final return (the episodes of the last 10% of steps): mean over seeds and its 95% Student-t "
+             "interval; VACO/PPO = (VACO − random) / (PPO − random) at the same K, above 1 when VACO is ahead.", "",
+             "| task | " + " | ".join(f"PPO K={k} | VACO K={k} | VACO/PPO K={k}" for k in ks) + " |",
+             "|-|" + "-|-|-|" * len(ks)]
+    for task in tasks:
+        cells = []
+        for k in ks:
+            ppo, vaco = finals(raw, ("ppo", k), task), finals(raw, ("vaco", k), task)
+            for values in (ppo, vaco):
+                mean, (lo, hi) = t_interval(values) if values else (np.nan, (np.nan, np.nan))
+                cells.append(f"{mean:.0f} [{lo:.0f}, {hi:.0f}]" if values else "")
+            cells.append(f"{above_random_ratio(vaco, ppo, randoms[task]):.2f}" if ppo and vaco else "")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def relative_improvement(raw, randoms, tasks, k, reps, seed):
+    """Mean over tasks of VACO's relative improvement over PPO at one K, two ways, with 95% stratified-
+    bootstrap intervals (each task's seeds resampled, per algorithm): "paper", (VACO - PPO) / |PPO| of
+    the mean final returns; "above random", (VACO - PPO) / (PPO - random), i.e. VACO/PPO above random - 1."""
+    pairs = [(np.array(finals(raw, ("vaco", k), t)), np.array(finals(raw, ("ppo", k), t)), randoms[t]) for t in tasks]
+
+    def both(means):
+        paper = np.mean([(v - p) / abs(p) for v, p, _ in means])
+        shifted = np.mean([(v - p) / (p - r) for v, p, r in means])
+        return np.array([paper, shifted])
+
+    point = both([(v.mean(), p.mean(), r) for v, p, r in pairs])
+    rng = np.random.default_rng(seed)
+    samples = np.array([both([(rng.choice(v, len(v)).mean(), rng.choice(p, len(p)).mean(), r) for v, p, r in pairs])
+                        for _ in range(reps)])
+    return point, np.percentile(samples, [2.5, 97.5], axis=0)
+
+
+def summary_number_section(raw, randoms, tasks, ks, reps, seed):
+    """The paper's summary number (mean relative improvement of VACO over PPO) beside ours."""
+    tasks = [t for t in tasks if all(finals(raw, (a, k), t) for a in ("ppo", "vaco") for k in ks)]
+    if not tasks:
+        return []
+    estimates = {k: relative_improvement(raw, randoms, tasks, k, reps, seed) for k in ks}
+    lines = [f"Mean over {len(tasks)} tasks of VACO's improvement over PPO at the same K, with 95% stratified-"
+             f"bootstrap intervals ({reps} resamples of each task's seeds). *Relative to PPO's return*: "
+             "mean over tasks of (VACO − PPO) / |PPO|, of the mean final returns (how the paper's summary reads; "
+             "its exact definition is not given). *Above random*: mean over tasks of (VACO − PPO) / (PPO − random), "
+             "which stays meaningful on tasks whose returns are negative or near 0.", "",
+             "| definition | " + " | ".join(f"K = {k}" for k in ks) + " |", "|-|" + "-|" * len(ks)]
+    for i, name in enumerate(("relative to PPO's return", "above random")):
+        cells = [f"{100 * p[i]:+.1f} % [{100 * ci[0, i]:+.1f}, {100 * ci[1, i]:+.1f}]"
+                 for p, ci in (estimates[k] for k in ks)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def diagnostics_section(runs, raw, randoms, tasks, ks):
+    """Per task and K, VACO's lag and filter diagnostics beside PPO's, the rows where VACO is behind
+    PPO (mean final return) in bold."""
+    lines = ["Means over runs and updates. *Filter on*: the share of minibatches whose TV exceeded δ; *filtered*: "
+             "the share of samples detached; *KL*: approx KL(β ‖ π) per update; *backward TV*: TV between the "
+             "learner and the behaviour policies at the update's start. Bold: VACO behind PPO at that K.", "",
+             "| task | K | VACO/PPO | filter on | filtered | KL VACO | KL PPO | entropy VACO | entropy PPO | "
+             "backward TV |", "|-|-|-|-|-|-|-|-|-|-|"]
+    for task in tasks:
+        for k in ks:
+            ppo, vaco = finals(raw, ("ppo", k), task), finals(raw, ("vaco", k), task)
+            if not (ppo and vaco):
+                continue
+            d, dp = diagnostics(runs, ("vaco", k), [task]), diagnostics(runs, ("ppo", k), [task])
+            get = lambda diag, c: f"{diag[c]:.3g}" if c in diag else ""  # noqa: E731
+            behind = np.mean(vaco) < np.mean(ppo)
+            name = f"**{task}**" if behind else task
+            lines.append(f"| {name} | {k} | {above_random_ratio(vaco, ppo, randoms[task]):.2f} | "
+                         f"{get(d, 'filter_on_fraction')} | {get(d, 'filtered_fraction')} | {get(d, 'approx_kl')} | "
+                         f"{get(dp, 'approx_kl')} | {get(d, 'entropy')} | {get(dp, 'entropy')} | "
+                         f"{get(d, 'backward_tv')} |")
+    return lines + [""]
+
+
 @dataclass
 class Args:
     results_dir: tyro.conf.Positional[str]
@@ -240,6 +344,14 @@ def main(args: Args):
               + ", ".join(f"{t} {randoms[t]:.1f}" for t in tasks_all) + ".", "",
               "## Final returns per task (mean ± std over seeds, number of seeds)", ""]
     report += marked("per_task", raw_section(raw, keys, tasks_all))
+    compared = [t for t in tasks_all if any(finals(raw, (a, k), t) for a in ("ppo", "vaco") for k in ks)]
+    if ("vaco", 1) in raw:
+        head_ks = sorted({1, max(ks)})
+        report += titled("VACO against PPO per task", "vaco_vs_ppo", comparison_section(raw, randoms, compared, head_ks))
+        report += titled("Mean relative improvement of VACO over PPO", "summary_number",
+                         summary_number_section(raw, randoms, compared, head_ks, args.reps, args.seed))
+        report += titled("Lag and filter diagnostics per task", "diagnostics",
+                         diagnostics_section(runs, raw, randoms, compared, head_ks))
     estimates = {}
     for metric in ("final", "auc"):
         if main_tasks:

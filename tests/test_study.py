@@ -103,7 +103,14 @@ def test_analysis_end_to_end(tmp_path):
     report = open(os.path.join(folder, "report.md")).read()
     assert "| vaco | 8 | 3 | 1.50 [1.50, 1.50]" in report  # median with its (degenerate) interval
     assert "| ppo | 8 | 1.00 [1.00, 1.00] |" in report  # P(VACO > PPO) at K = 8
-    for section in ("per_task", "aggregates_final", "aggregates_auc", "improvement"):  # for the docs to include
+    # per task: PPO K=1 on TaskA is 10, 20, 30: mean 20 ± t(0.975, 2) * 10 / sqrt(3) = 20 ± 24.8; VACO/PPO
+    # above random is 20 / 20 at K = 1 and 30 / 10 at K = 8
+    assert "| TaskA-v4 | 20 [-5, 45] | 20 [20, 20] | 1.00 | 10 [-2, 22] | 30 [30, 30] | 3.00 |" in report
+    # the paper's summary at K = 8: mean of (30 - 10) / 10 and (130 - 110) / 110; above random: 2 on both
+    assert "| relative to PPO's return | +0.0 % [" in report and "| +109.1 % [" in report
+    assert "| above random | +0.0 % [" in report and "| +200.0 % [" in report
+    for section in ("per_task", "vaco_vs_ppo", "summary_number", "diagnostics", "aggregates_final", "aggregates_auc",
+                    "improvement"):  # for the docs to include
         assert f"<!-- --8<-- [start:{section}] -->" in report and f"<!-- --8<-- [end:{section}] -->" in report
     for figure in ("lag_robustness.png", "aggregates_K1.png", "aggregates_K8.png", "learning_curves.png"):
         assert os.path.getsize(os.path.join(folder, figure)) > 1000
@@ -115,6 +122,20 @@ def test_analysis_end_to_end(tmp_path):
         inside = (inside or "--8<-- [start:" in line) and "--8<-- [end:" not in line
         assert not (inside and line.startswith("#")), f"a heading inside a snippet section: {line!r}"
     assert "### Aggregates, final score\n\n<!-- --8<-- [start:aggregates_final] -->" in report
+
+
+def test_diagnostics_are_shown_beside_ppo_and_rows_where_vaco_is_behind_are_bold():
+    def run(algorithm, k, final, **columns):
+        meta = dict(task="TaskA-v4", algorithm=algorithm, k=k, seed=1, total_timesteps=10)
+        return meta, [dict(step=10, episodes=1, return_mean=final, **columns)]
+
+    runs = [run("ppo", 1, 20.0, approx_kl=0.01, entropy=1.5), run("vaco", 1, 30.0, approx_kl=0.02, entropy=1.0),
+            run("ppo", 8, 20.0, approx_kl=0.05), run("vaco", 8, 10.0, approx_kl=0.03, filter_on_fraction=0.25,
+                                                      filtered_fraction=0.1, backward_tv=0.2)]
+    raw, _ = analyze.score_table(runs, {"TaskA-v4": 0.0})
+    lines = analyze.diagnostics_section(runs, raw, {"TaskA-v4": 0.0}, ["TaskA-v4"], [1, 8])
+    assert "| TaskA-v4 | 1 | 1.50 |  |  | 0.02 | 0.01 | 1 | 1.5 |  |" in lines
+    assert "| **TaskA-v4** | 8 | 0.50 | 0.25 | 0.1 | 0.03 | 0.05 |  |  | 0.2 |" in lines
 
 
 def readable(fig, legend=True):
