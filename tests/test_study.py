@@ -138,6 +138,18 @@ def test_diagnostics_are_shown_beside_ppo_and_rows_where_vaco_is_behind_are_bold
     assert "| **TaskA-v4** | 8 | 0.50 | 0.25 | 0.1 | 0.03 | 0.05 |  |  | 0.2 |" in lines
 
 
+def test_a_folder_without_synchronous_ppo_reports_returns_only(tmp_path, saved):
+    folder, randoms = study_folder(tmp_path)
+    for seed in (1, 2):
+        write_run(folder, "TaskA-v4", "ppo", 8, seed, [10.0 * seed] * 10)
+        write_run(folder, "TaskA-v4", "vaco", 8, seed, [30.0] * 10)
+    analyze.main(analyze.Args(results_dir=folder, reps=50))
+    report = open(os.path.join(folder, "report.md")).read()
+    assert "no normalised scores: returns only" in report and "start:aggregates_final" not in report
+    assert "| TaskA-v4 | 15 [-49, 79] | 30 [30, 30] | 2.00 |" in report  # 30 / 15 above a random 0
+    assert [os.path.basename(p) for p in saved] == ["learning_curves.png"]
+
+
 def readable(fig, legend=True):
     """What every figure of analyze.py promises: every axis labelled, no text under 9 pt, at most
     two panels a row, a width that a docs column shows without shrinking it much, and a legend
