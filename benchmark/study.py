@@ -67,9 +67,6 @@ HELD_OUT_TASKS = ["Walker2d-v4", "Ant-v4"]  # ... and reported on these
 # Pusher-v5 is the same task with fixed model files for mujoco >= 3, so it stands in for it.
 PAPER_TASKS = ["Ant-v4", "HalfCheetah-v4", "Hopper-v4", "Humanoid-v4", "HumanoidStandup-v4",
                "InvertedDoublePendulum-v4", "Pusher-v5", "Reacher-v4", "Swimmer-v4", "Walker2d-v4"]
-# Finished folders whose runs a preset reuses when their training command is the one it would run
-# (runs of the compiled update at 1M steps: the same script, flags and seed train identically).
-REUSE = {"ten-tasks": ["cpu-1m-compiled"]}
 BASELINES = ["ppo-kl", "spo", "vaco-noalign", "vaco-nofilter", "vaco-none"]
 
 # preset -> (env steps per run, seeds, [(algorithms, policy lags K, tasks), ...]); runs are taken
@@ -146,16 +143,15 @@ def training_command(command):
     return shlex.join(words[:i] + words[i + 2 :])
 
 
-def find_twin(run, folders):
-    """A finished run in one of `folders` that trained exactly as `run` would (another name or folder,
-    same training command), e.g. "vaco" and the sweep variant whose flags it shares. None if none."""
+def find_twin(run, out_dir):
+    """A finished run in out_dir that trained exactly as `run` would (another name, same training
+    command), e.g. "vaco" and the sweep variant whose flags it shares. None if there is none."""
     target = training_command(run.portable_command())
-    for folder in folders:
-        for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-            with open(path) as f:
-                meta = json.load(f)
-            if "command" in meta and training_command(meta["command"]) == target:
-                return path[: -len(".json")]
+    for path in sorted(glob.glob(os.path.join(out_dir, "*.json"))):
+        with open(path) as f:
+            meta = json.load(f)
+        if "command" in meta and training_command(meta["command"]) == target:
+            return path[: -len(".json")]
     return None
 
 
@@ -242,15 +238,17 @@ def write_meta(run, out_dir, **extra):
     os.replace(path + ".tmp", path)  # written last: its presence marks the run finished
 
 
-def execute(run, out_dir, reuse=()):
-    """Train one run in a scratch folder; keep its CSV and JSON, drop the rest. A run whose twin
-    (same training command) has finished, in out_dir or a `reuse` folder, reuses the twin's results.
-    Returns seconds taken."""
+def execute(run, out_dir):
+    """Train one run in a scratch folder; keep its CSV and JSON, drop the rest. A run that another
+    process (a shard, a second study) finished meanwhile is skipped, and one whose twin (same training
+    command) has finished reuses the twin's results. Returns seconds taken."""
     start = time.time()
-    twin = find_twin(run, [out_dir, *reuse])
+    if is_finished(run, out_dir):
+        return 0.0
+    twin = find_twin(run, out_dir)
     if twin:
         shutil.copyfile(twin + ".csv", os.path.join(out_dir, run.name + ".csv"))
-        write_meta(run, out_dir, same_training_as=os.path.relpath(twin, out_dir), seconds=0.0)
+        write_meta(run, out_dir, same_training_as=os.path.basename(twin), seconds=0.0)
         return 0.0
     scratch = tempfile.mkdtemp(prefix=run.name + ".", dir=os.path.join(RESULTS, "tmp"))
     try:
@@ -323,7 +321,6 @@ def main(args: Args):
     os.makedirs(out_dir, exist_ok=True)
     os.makedirs(os.path.join(RESULTS, "tmp"), exist_ok=True)
     todo = [run for run in runs if not is_finished(run, out_dir)]
-    reuse = [os.path.join(RESULTS, folder) for folder in REUSE.get(args.preset, [])]
     print(f"[study {args.preset}] {len(runs)} runs, {len(runs) - len(todo)} already finished, "
           f"{len(todo)} to go, {args.jobs} at a time -> {out_dir}", flush=True)
     done, failed, durations, start = 0, [], [], time.time()
@@ -334,7 +331,7 @@ def main(args: Args):
             while queue and len(pending) < args.jobs:
                 run = queue.pop(0)
                 move_stale(run, out_dir)
-                pending[pool.submit(execute, run, out_dir, reuse)] = run
+                pending[pool.submit(execute, run, out_dir)] = run
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 run = pending.pop(future)
