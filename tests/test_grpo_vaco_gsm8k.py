@@ -942,8 +942,9 @@ def test_grpo_study_grid_rule_and_intervals(tmp_path):
 
 
 def test_gpu_smoke_command_on_the_cpu(tmp_path):
-    """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8,
-    its table and JSON in --out-dir, and the time budget that stops it starting another loss."""
+    """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8 and
+    of vaco at S = 4, its table and JSON in --out-dir, and the time budget that stops it starting another run;
+    then three steps at S = 2, where the backward lag shows from the second step on."""
     smoke = [sys.executable, str(ROOT / "benchmark" / "grpo_gpu_smoke.py"), "--tiny", "--device", "cpu",
              "--num-steps", "1", "--extra", "--num-threads 1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -953,8 +954,10 @@ def test_gpu_smoke_command_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / "all" / "grpo_gpu_smoke.json").read_text())
     rows = {r["loss"]: r for r in saved["results"]}
-    assert list(rows) == ["clip", "vaco", "dppo-tv"] and saved["skipped"] == []
+    assert list(rows) == ["clip", "vaco", "dppo-tv", "vaco S4"] and saved["skipped"] == []
+    assert [r["staleness"] for r in rows.values()] == [0, 0, 0, 4]
     for r in rows.values():
+        assert r["tv_backward"] == [0.0]  # one step: the batch of the initial policy, age 0
         assert r["steps"] == 1 and r["peak_memory_gib"] > 0 and r["gen_tokens_per_s"] > 0 and r["train_tokens_per_s"] > 0
         assert len(r["tv"]) == 8 and r["tv"][0] == 0 and all(tv > 0 for tv in r["tv"][1:])  # lag from k = 1 on
         assert r["completion_length"] == 8  # a random model does not stop: every completion is full length
@@ -963,11 +966,19 @@ def test_gpu_smoke_command_on_the_cpu(tmp_path):
     assert rows["clip"]["tv"][1] == pytest.approx(rows["dppo-tv"]["tv"][1], rel=1e-5)
     assert rows["vaco"]["filtered"] > 0 and rows["vaco"]["tv"][2:] != rows["clip"]["tv"][2:]  # the filter acted
     table = (tmp_path / "all" / "grpo_gpu_smoke.md").read_text()
-    assert table.count("\n| clip |") == table.count("\n| vaco |") == table.count("\n| dppo-tv |") == 1
+    assert table.count("\n| clip | 0 |") == table.count("\n| vaco | 0 |") == table.count("\n| vaco S4 | 4 |") == 1
     # a budget already spent: the first loss runs, the others are reported as not run
     result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "cut"), "--time-budget", "0"], capture_output=True,
                             text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / "cut" / "grpo_gpu_smoke.json").read_text())
-    assert [r["loss"] for r in saved["results"]] == ["clip"] and saved["skipped"] == ["vaco", "dppo-tv"]
-    assert "Not run (time budget): vaco, dppo-tv." in (tmp_path / "cut" / "grpo_gpu_smoke.md").read_text()
+    assert [r["loss"] for r in saved["results"]] == ["clip"] and saved["skipped"] == ["vaco", "dppo-tv", "vaco S4"]
+    assert "Not run (time budget): vaco, dppo-tv, vaco S4." in (tmp_path / "cut" / "grpo_gpu_smoke.md").read_text()
+    # S = 2 over three steps (ages 0, 1, 2): backward TV 0 at the first step, > 0 from the second on
+    smoke[smoke.index("--num-steps") + 1] = "3"
+    result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "stale"), "--losses", "clip", "--staleness", "2",
+                                     "--stale-loss", "decoupled"], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (clip, stale) = json.loads((tmp_path / "stale" / "grpo_gpu_smoke.json").read_text())["results"]
+    assert stale["loss"] == "decoupled S2" and stale["steps"] == 3 and clip["tv_backward"] == [0.0] * 3
+    assert stale["tv_backward"][0] == 0 and all(tv > 0 for tv in stale["tv_backward"][1:])
