@@ -239,7 +239,7 @@ def dppo_tv_token_loss(newlogprobs, mu_logprobs, advantages, mask, delta, num_to
 # --8<-- [start:decoupled_loss]
 def decoupled_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, mask, clip_coef, epsilon_high=None,
                          num_tokens=None, weight_cap=None):
-    """AReaL's decoupled PPO (arXiv 2505.24298, eq. 5; `ppo_actor_loss_fn` in areal/utils/functional): the clip
+    """AReaL's decoupled PPO (Fu et al. 2025, arXiv 2505.24298; `ppo_actor_loss_fn` in AReaL's source): the clip
     is centred on the proximal policy π_prox (the learner at the step's start), μ only weights each token:
         ℓ_t = -w_t · min(r_t A, clip(r_t, 1 - ε, 1 + ε_high) A),   r_t = π_θ/π_prox,   w_t = π_prox/μ (no gradient)
     `weight_cap` C truncates w_t to min(w_t, C) (TIS). Returns (loss, clipped, weight)."""
