@@ -1,19 +1,19 @@
-# GRPO for an LLM on GSM8k with PPO-clip, VACO's total-variation filter or DPPO's per-token TV mask, under forward lag.
+# GRPO for an LLM on GSM8k under forward and backward lag, with six policy losses side by side.
 # Reference: "Align and Filter: Improving Performance in Asynchronous On-Policy RL" (arXiv 2603.01365).
 # Docs: docs/grpo_vaco_gsm8k.md
 #
 # One training step:
-#   1. sample `num_prompts` problems and G = `group_size` completions for each, with the current
-#      policy π_θ0, the behaviour policy μ, at temperature T;
-#   2. score each completion with a verifiable 0/1 reward and turn rewards into group-relative
-#      advantages (GRPO);
-#   3. record μ's per-token log-probs (same temperature, same code path as training);
-#   4. split the batch into N = `num_minibatches` minibatches and take ONE optimiser step on each.
-#      Minibatch k is trained by π_θk, a policy k optimiser steps newer than μ: this is the
-#      "forward lag" of the paper. PPO-clip copes with it by clipping the ratio ρ = π_θk/μ;
-#      VACO measures the lag as a total-variation distance and, when it is above δ, filters the
-#      tokens whose update would push π even further from μ; DPPO masks each token whose own
-#      probability has moved more than its δ in the direction the advantage pushes it.
+#   1. take the oldest batch the inference engine has generated: `num_prompts` problems, G = `group_size`
+#      completions each, sampled at temperature T by the behaviour policy μ, the learner's policy of S =
+#      `staleness` steps ago ("backward lag"), with μ's per-token log-probs and its verifiable 0/1 rewards
+#      turned into group-relative advantages (GRPO);
+#   2. split it into N = `num_minibatches` minibatches and take ONE optimiser step on each: minibatch k is
+#      trained by π_θk, k optimiser steps newer than π_prox, the policy at the step's start ("forward lag").
+# The losses differ in how they cope with the lag: PPO-clip clips ρ = π_θ/μ; VACO, while the minibatch's
+# total variation to μ exceeds δ, filters the tokens whose update would push π further from μ; DPPO masks
+# each token whose own probability moved more than its δ the way its advantage pushes; decoupled PPO and
+# TIS clip π_θ/π_prox and weight each token by π_prox/μ (TIS truncates the weight); M2PO masks the tokens of
+# largest (log ρ)² until the second moment of the others is under a bound.
 import json
 import math
 import os
@@ -21,9 +21,11 @@ import random
 import re
 import sys
 import time
+from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain, count
 from typing import Callable, Literal, Optional
 
 import numpy as np
@@ -72,17 +74,21 @@ class Args:
     """appended to each question in the user message of the chat template"""
 
     # GRPO
-    loss: Literal["clip", "vaco", "dppo-tv"] = "vaco"
-    """the policy loss: `clip` (GRPO's PPO-clip), `vaco` (VACO's TV filter with its minibatch switch) or
-    `dppo-tv` (DPPO's binary-TV mask, decided token by token)"""
+    loss: Literal["clip", "vaco", "dppo-tv", "decoupled", "tis", "m2po"] = "vaco"
+    """the policy loss: `clip` (GRPO's PPO-clip), `vaco` (VACO's TV filter with its minibatch switch), `dppo-tv`
+    (DPPO's binary-TV mask), `decoupled` (AReaL's decoupled PPO), `tis` (PPO-clip with truncated importance
+    weights, as verl, TRL and slime) or `m2po` (M2PO's second-moment mask)"""
+    staleness: int = 0
+    """S: the batch trained at step t was generated, with its μ log-probs, by the policy of step t - S
+    (backward lag; the first S steps train on batches of the initial policy, ages 0 … S - 1)"""
     num_steps: int = 200
     """number of training steps (one generation batch each)"""
     num_prompts: int = 16
     """problems sampled per step"""
     group_size: int = 8
     """completions sampled per problem (G); advantages are relative to the group"""
-    num_minibatches: int = 4
-    """N: optimiser steps per generation batch. Minibatch k is trained k steps after generation (forward lag)"""
+    num_minibatches: int = 8
+    """N: optimiser steps per generation batch. Minibatch k is trained k steps after the step's start (forward lag)"""
     micro_batch_size: int = 16
     """sequences per forward/backward pass (gradient accumulation inside a minibatch); 0 = whole minibatch"""
     learning_rate: float = 1e-6
@@ -111,8 +117,13 @@ class Args:
     """`vaco`: δ, the minibatch's total variation to μ above which its filter is on. Not from the paper: the
     median TV of the stale minibatches measured at lr 1e-6 and N = 8 (docs: the rule, and how to apply it to
     your run from its `lag/tv_minibatch_k` curves)"""
-    dppo_delta: float = 0.2
-    """`dppo-tv`: δ of DPPO's binary-TV mask, on each token's probability |π_θ(y_t) - μ(y_t)| (0.2, as DPPO recommends)"""
+    dppo_delta: float = 0.15
+    """`dppo-tv`: δ of DPPO's binary-TV mask, on each token's probability |π_θ(y_t) - μ(y_t)| (0.15, the DPPO
+    authors' TV threshold in their verl example `run_qwen30b_dppo.sh`)"""
+    tis_cap: float = 2.0
+    """`tis`: C, the cap of the importance weight min(π_prox/μ, C) (verl and slime use 2, TRL 3)"""
+    m2po_bound: float = 0.04
+    """`m2po`: τ, the bound on the minibatch's mean (log ρ)² that M2PO's mask enforces (0.04, as M2PO's scripts)"""
     beta: float = 0.0
     """coefficient of the k3 KL penalty to the initial model (0 = off; no reference model is kept)"""
     answer_extraction: Literal["strict", "flexible"] = "strict"
@@ -133,6 +144,12 @@ class Args:
     """number of test problems for the periodic greedy evaluation (0 = none)"""
     final_eval: bool = True
     """after training, also evaluate on the whole test split (GSM8k: 1,319 problems), if larger than `eval_size`"""
+    test_path: Optional[str] = None
+    """a local JSONL test split in GSM8k's format (e.g. GSM8k's `test.jsonl`); then nothing is held out of the training data"""
+    eval_samples: int = 0
+    """n: after training, also sample n completions of each final test problem at T for mean@n and pass@k (0 = off)"""
+    pass_k: int = 1
+    """k of the unbiased pass@k (k ≤ `eval_samples`)"""
     eval_batch_size: int = 64
     """prompts per greedy generation call during evaluation"""
     num_logged_samples: int = 4
@@ -144,7 +161,7 @@ class UsageError(Exception):
 
 
 # ----------------------------------------------------------------------------------------------
-# GRPO advantages and the three policy losses
+# GRPO advantages and the six policy losses
 # ----------------------------------------------------------------------------------------------
 # --8<-- [start:group_advantages]
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group", eps: float = 1e-4):
@@ -219,6 +236,64 @@ def dppo_tv_token_loss(newlogprobs, mu_logprobs, advantages, mask, delta, num_to
 # --8<-- [end:dppo_loss]
 
 
+# --8<-- [start:decoupled_loss]
+def decoupled_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, mask, clip_coef, epsilon_high=None,
+                         num_tokens=None, weight_cap=None):
+    """AReaL's decoupled PPO (Fu et al. 2025, arXiv 2505.24298; `ppo_actor_loss_fn` in AReaL's source): the clip
+    is centred on the proximal policy π_prox (the learner at the step's start), μ only weights each token:
+        ℓ_t = -w_t · min(r_t A, clip(r_t, 1 - ε, 1 + ε_high) A),   r_t = π_θ/π_prox,   w_t = π_prox/μ (no gradient)
+    `weight_cap` C truncates w_t to min(w_t, C) (TIS). Returns (loss, clipped, weight)."""
+    valid = mask.bool()
+    weight = torch.exp(torch.where(valid, prox_logprobs - mu_logprobs, 0.0))  # 1 on padding
+    if weight_cap is not None:
+        weight = weight.clamp(max=weight_cap)
+    ratio = torch.exp(torch.where(valid, newlogprobs - prox_logprobs, 0.0))
+    adv = advantages[:, None]
+    eps_high = clip_coef if epsilon_high is None else epsilon_high
+    surrogate = weight * torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_coef, 1 + eps_high) * adv)
+    loss = -(surrogate * mask).sum() / (valid.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    clipped = valid & (((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - clip_coef)))
+    return loss, clipped.detach(), weight
+
+
+def tis_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, mask, clip_coef, cap, epsilon_high=None,
+                   num_tokens=None):
+    """Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you
+    off-policy RL training"), as verl's token-level `rollout_is`, TRL's `vllm_importance_sampling_correction` and
+    slime's `--use-tis` apply it: the decoupled loss with its weight truncated at C. Returns (loss, clipped, weight).
+        ℓ_t = -min(π_prox/μ, C)_t · min(r_t A, clip(r_t, 1 - ε, 1 + ε_high) A),   r_t = π_θ/π_prox"""
+    return decoupled_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, mask, clip_coef, epsilon_high,
+                                num_tokens, weight_cap=cap)
+# --8<-- [end:decoupled_loss]
+
+
+# --8<-- [start:m2po_loss]
+def m2po_cutoff(sq_log_ratios: torch.Tensor, bound: float) -> float:
+    """The smallest (log ρ)² that M2PO masks: the fewest largest values whose removal brings the mean of the
+    others under `bound` (inf when the mean already is). Sorted descending, the mean of v[i:] only falls with i."""
+    v = sq_log_ratios.flatten().sort(descending=True).values
+    rest_mean = v.flip(0).cumsum(0).flip(0) / torch.arange(len(v), 0, -1, device=v.device)  # mean of v[i:]
+    k = int((rest_mean >= bound).sum())  # mask v[:k]
+    return v[k - 1].item() if k > 0 else math.inf
+
+
+def m2po_token_loss(newlogprobs, mu_logprobs, advantages, mask, bound, num_tokens=None, cutoff=None):
+    """M2PO (Zheng et al. 2025, arXiv 2510.01161; `_apply_m2po_masking` in AReaL): mask the tokens of largest
+    (log ρ_t)², ρ_t = π_θ/μ, until the second moment M̂2 = mean (log ρ)² of the others is under τ = `bound`, and
+    take an unclipped policy gradient on the rest:
+        M_t = [(log ρ_t)² < cutoff],   ℓ_t = -M_t ρ_t A,   token mean over all valid tokens.
+    Pass the minibatch's `cutoff` when this call sees one micro-batch of it. Returns (loss, masked)."""
+    valid = mask.bool()
+    log_ratio = torch.where(valid, newlogprobs - mu_logprobs, 0.0)
+    if cutoff is None:
+        cutoff = m2po_cutoff(log_ratio.detach()[valid] ** 2, bound)
+    masked = valid & (log_ratio.detach() ** 2 >= cutoff)
+    surrogate = torch.where(masked, 0.0, torch.exp(log_ratio) * advantages[:, None])
+    loss = -(surrogate * mask).sum() / (valid.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    return loss, masked
+# --8<-- [end:m2po_loss]
+
+
 # --8<-- [start:kl]
 def k3_kl(newlogprobs, ref_logprobs):
     """Per-token k3 estimate of KL(π_θ ‖ π_ref), as in DeepSeekMath's GRPO and TRL:
@@ -235,9 +310,7 @@ def build_prompt(tokenizer, question: str, instruction: str) -> str:
     """The chat-formatted prompt (plain text when the tokenizer has no chat template)."""
     content = f"{question}\n{instruction}" if instruction else question
     if tokenizer.chat_template:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-        )
+        return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
     return f"Question: {content}\nAnswer:"
 
 
@@ -259,10 +332,8 @@ def sample_completions(model, tokenizer, prompts, max_new_tokens, temperature, d
     model.eval()
     sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
     with autocast:
-        sequences = model.generate(
-            **enc, max_new_tokens=max_new_tokens, eos_token_id=eos_ids.tolist(),
-            pad_token_id=tokenizer.pad_token_id, **sampling,
-        )
+        sequences = model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=eos_ids.tolist(),
+                                   pad_token_id=tokenizer.pad_token_id, **sampling)
     completions = sequences[:, enc["input_ids"].shape[1] :]
     completion_mask = completion_mask_from(completions, eos_ids)
     attention_mask = torch.cat([enc["attention_mask"], completion_mask], dim=1)
@@ -313,73 +384,88 @@ def completion_logprobs(model, input_ids, attention_mask, completion_len, temper
 
 
 # ----------------------------------------------------------------------------------------------
-# One GRPO step: generate, score, then N optimiser steps (the forward lag)
+# One GRPO step: a batch from the inference engine (backward lag), then N optimiser steps (forward lag)
 # ----------------------------------------------------------------------------------------------
-def grpo_step(model, optimizer, tokenizer, prompts, golds, reward_fn: Callable[[str, str], float], args: Args,
-              eos_ids, autocast=nullcontext(), ref_model=None, generator=None):
-    """Runs one training step on `prompts` (each sampled `group_size` times). Returns the completions,
-    their rewards, and one dict of statistics per minibatch (`minibatch_stats`)."""
-    G, N, T = args.group_size, args.num_minibatches, args.temperature
+@torch.no_grad()
+def batch_logprobs(model, batch: dict, args: Args, autocast=nullcontext()):
+    """log π_T of every completion token of `batch`, without gradients, on the micro-batches of training
+    (the same shapes give the same values: with the same weights, ρ = 1 exactly)."""
+    input_ids, attention_mask, C = batch["input_ids"], batch["attention_mask"], batch["completion_mask"].shape[1]
+    logprobs = torch.zeros(input_ids.shape[0], C, device=input_ids.device)
+    for idx in batch["minibatches"]:
+        for micro in idx.split(args.micro_batch_size or len(idx)):
+            with autocast:
+                logprobs[micro] = completion_logprobs(model, input_ids[micro], attention_mask[micro], C, args.temperature)[0]
+    return logprobs
 
-    # 1. Sample G completions per prompt with the current policy: the behaviour policy μ = π_θ0
-    t0 = time.time()
+
+def generate_batch(model, tokenizer, prompts, golds, reward_fn: Callable[[str, str], float], args: Args, eos_ids,
+                   autocast=nullcontext(), generator=None, version: int = 1) -> dict:
+    """The inference engine's part: G completions per prompt from the current policy, which is this batch's
+    behaviour policy μ (the policy of step `version`); their rewards and group advantages; the minibatch split;
+    and μ's log-probs, stored with the batch: the learner never recomputes them, and keeps no copy of μ."""
+    G, N, t0 = args.group_size, args.num_minibatches, time.time()
     group_prompts = [p for p in prompts for _ in range(G)]  # prompt-major: groups are consecutive rows
-    input_ids, attention_mask, mask = sample_completions(
-        model, tokenizer, group_prompts, args.max_new_tokens, T, True, eos_ids, autocast
-    )
-    C = mask.shape[1]
+    input_ids, attention_mask, mask = sample_completions(model, tokenizer, group_prompts, args.max_new_tokens,
+                                                         args.temperature, True, eos_ids, autocast)
     texts = decode_completions(tokenizer, input_ids, mask)
-    truncated = ~torch.isin(input_ids[:, -C:], eos_ids).any(dim=1)  # hit --max-new-tokens without an end token
-    gen_time = time.time() - t0
-
-    # 2. Verifiable rewards and group-relative advantages
     rewards = torch.tensor([reward_fn(text, gold) for text, gold in zip(texts, (g for g in golds for _ in range(G)))])
-    advantages = group_advantages(rewards, G, args.scale_rewards, args.adv_eps).to(model.device)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": mask, "completions": texts,
+             "golds": golds, "truncated": ~torch.isin(input_ids[:, -mask.shape[1]:], eos_ids).any(dim=1),  # no end token
+             "rewards": rewards, "advantages": group_advantages(rewards, G, args.scale_rewards, args.adv_eps).to(model.device),
+             # random minibatches, so that each mixes groups, fixed here: μ's log-probs use training's micro-batches
+             "minibatches": torch.randperm(len(texts), generator=generator).to(model.device).view(N, len(texts) // N),
+             "version": version}
+    batch["mu_logprobs"] = batch_logprobs(model, batch, args, autocast)
+    batch["gen_time"] = time.time() - t0  # sampling and μ's log-probs: the inference engine's time
+    return batch
+
+
+def train_on_batch(model, optimizer, batch: dict, args: Args, step: int, autocast=nullcontext(), ref_model=None) -> dict:
+    """N optimiser steps on a batch of age S = step - version. π_prox, the policy at the step's start, is S
+    updates newer than μ (backward lag); minibatch k is trained by π_θk, k updates newer than π_prox (forward
+    lag). Returns the batch's completions and rewards, and one dict of statistics per minibatch."""
+    input_ids, attention_mask, mu_logprobs = batch["input_ids"], batch["attention_mask"], batch["mu_logprobs"]
+    mask, T, age = batch["completion_mask"], args.temperature, step - batch["version"]
+    C = mask.shape[1]
     # the tokens that get a gradient: all completion tokens, or none of a cut-off completion's
-    loss_mask = mask * ~truncated[:, None] if args.mask_truncated_completions else mask
-
-    # 3. Split into N minibatches (random, so each minibatch mixes groups), and micro-batches.
-    # μ's log-probs, computed with θ0 by the same function, on the same micro-batches as training,
-    # so that at zero lag (minibatch 0) ρ = 1 exactly, and every ρ ≠ 1 later is forward lag.
+    loss_mask = mask * ~batch["truncated"][:, None] if args.mask_truncated_completions else mask
     t0 = time.time()
-    B = len(group_prompts)
-    minibatches = torch.randperm(B, generator=generator).to(model.device).view(N, B // N)
-    mbs = args.micro_batch_size or B // N
-    mu_logprobs = torch.zeros(B, C, device=model.device)
-    ref_logprobs = torch.zeros(B, C, device=model.device) if ref_model is not None else None
-    with torch.no_grad(), autocast:
-        for idx in minibatches:
-            for micro in idx.split(mbs):
-                mu_logprobs[micro] = completion_logprobs(model, input_ids[micro], attention_mask[micro], C, T)[0]
-                if ref_model is not None:
-                    ref_logprobs[micro] = completion_logprobs(ref_model, input_ids[micro], attention_mask[micro], C, T)[0]
+    # π_prox: one pass at the step's start (at age 0 the same weights on the same micro-batches give μ's values)
+    prox_logprobs = mu_logprobs if age == 0 else batch_logprobs(model, batch, args, autocast)
+    ref_logprobs = batch_logprobs(ref_model, batch, args, autocast) if ref_model is not None else None
+    # the backward lag, TV(μ, π_prox) = ½ E_μ|π_prox/μ - 1|, estimated on the batch's valid tokens
+    valid = loss_mask.bool()
+    tv_backward = 0.5 * (torch.exp(torch.where(valid, prox_logprobs - mu_logprobs, 0.0)) - 1).abs().sum() / valid.sum().clamp(min=1)
 
-    # 4. One optimiser step per minibatch: minibatch k is trained by π_θk, k steps newer than μ
     model.train()  # for gradient checkpointing; dropout was switched off at load (`disable_dropout`)
     per_minibatch = []
-    for idx in minibatches:
-        micros = idx.split(mbs)
+    for idx in batch["minibatches"]:
+        micros = idx.split(args.micro_batch_size or len(idx))
         num_tokens = loss_mask[idx].sum().clamp(min=1)  # token mean over the whole minibatch
-        tv = None  # VACO's switch (tv > δ) belongs to the whole minibatch, measured before its update
-        if args.loss == "vaco" and len(micros) > 1:  # with one micro-batch, vaco_token_loss measures it
+        switch = None  # VACO's TV and M2PO's cutoff belong to the whole minibatch, measured before its update
+        if args.loss in ("vaco", "m2po") and len(micros) > 1:  # with one micro-batch, the loss measures them
             with torch.no_grad(), autocast:
-                abs_dev = 0.0
-                for m in micros:
-                    newlogprobs = completion_logprobs(model, input_ids[m], attention_mask[m], C, T)[0]
-                    abs_dev += (torch.exp(torch.where(loss_mask[m].bool(), newlogprobs - mu_logprobs[m], 0.0)) - 1).abs().sum()
-            tv = 0.5 * abs_dev / num_tokens
+                log_ratios = [(completion_logprobs(model, input_ids[m], attention_mask[m], C, T)[0] - mu_logprobs[m])
+                              [loss_mask[m].bool()] for m in micros]
+            switch = (0.5 * sum((torch.exp(lr) - 1).abs().sum() for lr in log_ratios) / num_tokens if args.loss == "vaco"
+                      else m2po_cutoff(torch.cat(log_ratios) ** 2, args.m2po_bound))
         optimizer.zero_grad(set_to_none=True)
         sums = {}
         for micro in micros:
             with autocast:
-                newlogprobs, entropy = completion_logprobs(
-                    model, input_ids[micro], attention_mask[micro], C, T, with_entropy=True
-                )
-            mu, adv, m_mask = mu_logprobs[micro], advantages[micro], loss_mask[micro]
+                newlogprobs, entropy = completion_logprobs(model, input_ids[micro], attention_mask[micro], C, T, with_entropy=True)
+            mu, prox, adv, m_mask = mu_logprobs[micro], prox_logprobs[micro], batch["advantages"][micro], loss_mask[micro]
             if args.loss == "vaco":
-                loss, tv, _ = vaco_token_loss(newlogprobs, mu, adv, m_mask, args.tv_threshold, num_tokens, tv)
+                loss, switch, _ = vaco_token_loss(newlogprobs, mu, adv, m_mask, args.tv_threshold, num_tokens, switch)
             elif args.loss == "dppo-tv":
                 loss, _ = dppo_tv_token_loss(newlogprobs, mu, adv, m_mask, args.dppo_delta, num_tokens)
+            elif args.loss == "decoupled":
+                loss, _, _ = decoupled_token_loss(newlogprobs, prox, mu, adv, m_mask, args.clip_coef, args.epsilon_high, num_tokens)
+            elif args.loss == "tis":
+                loss, _, _ = tis_token_loss(newlogprobs, prox, mu, adv, m_mask, args.clip_coef, args.tis_cap, args.epsilon_high, num_tokens)
+            elif args.loss == "m2po":
+                loss, _ = m2po_token_loss(newlogprobs, mu, adv, m_mask, args.m2po_bound, num_tokens, switch)
             else:
                 loss, _ = clip_token_loss(newlogprobs, mu, adv, m_mask, args.clip_coef, args.epsilon_high, num_tokens)
             kl = None
@@ -389,34 +475,38 @@ def grpo_step(model, optimizer, tokenizer, prompts, golds, reward_fn: Callable[[
                 kl = (k3_kl(newlogprobs, ref) * m_mask).sum() / num_tokens
                 loss = loss + args.beta * kl
             loss.backward()  # gradients accumulate over micro-batches; the sum is the minibatch gradient
-            add_token_sums(sums, newlogprobs.detach(), mu, adv, m_mask, entropy, loss, kl, args)
+            add_token_sums(sums, newlogprobs.detach(), mu, prox, adv, m_mask, entropy, loss, kl, args)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
-        per_minibatch.append(minibatch_stats(sums, grad_norm, args, tv))
+        per_minibatch.append(minibatch_stats(sums, grad_norm, args, switch if args.loss == "vaco" else None))
 
-    return {"completions": texts, "rewards": rewards, "completion_mask": mask, "truncated": truncated,
-            "per_minibatch": per_minibatch, "gen_time": gen_time, "train_time": time.time() - t0,
-            "train_tokens": int(attention_mask.sum())}
+    return {**batch, "per_minibatch": per_minibatch, "train_time": time.time() - t0,
+            "train_tokens": int(attention_mask.sum()), "age": age, "tv_backward": float(tv_backward)}
 
 
 # ----------------------------------------------------------------------------------------------
 # Statistics for logging (no part of the algorithm)
 # ----------------------------------------------------------------------------------------------
-def add_token_sums(sums: dict, newlogprobs, mu_logprobs, advantages, mask, entropy, loss, kl, args: Args):
-    """Adds one micro-batch's sums over its valid tokens to `sums`. Every loss's token mask is counted
-    under every loss, so that runs of `clip`, `vaco` and `dppo-tv` can be compared like for like."""
+def add_token_sums(sums: dict, newlogprobs, mu_logprobs, prox_logprobs, advantages, mask, entropy, loss, kl, args: Args):
+    """Adds one micro-batch's sums over its valid tokens to `sums`. Every loss's token mask (or weight) is
+    counted under every loss, so that runs of different losses can be compared like for like."""
     valid = mask.bool()
-    ratio = torch.exp(torch.where(valid, newlogprobs - mu_logprobs, 0.0))
+    log_ratio = torch.where(valid, newlogprobs - mu_logprobs, 0.0)
+    ratio = torch.exp(log_ratio)
     _, clipped = clip_token_loss(newlogprobs, mu_logprobs, advantages, mask, args.clip_coef, args.epsilon_high)
     _, _, away = vaco_token_loss(newlogprobs, mu_logprobs, advantages, mask, tv_threshold=-1.0)  # switch on
     _, masked = dppo_tv_token_loss(newlogprobs, mu_logprobs, advantages, mask, args.dppo_delta)
+    _, clipped_prox, weight = decoupled_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, mask, args.clip_coef, args.epsilon_high)
     adv = advantages[:, None].expand_as(ratio)
     new = {"tokens": valid.sum(), "abs_dev": (ratio - 1).abs().sum(), "away": away.sum(),
            "clip_low": (clipped & (adv < 0)).sum(), "clip_high": (clipped & (adv > 0)).sum(), "masked": masked.sum(),
            "ratio": ratio[valid].sum(), "entropy": entropy[valid].sum(), "loss": loss.detach(),
-           "kl": 0.0 if kl is None else kl.detach()}
+           "kl": 0.0 if kl is None else kl.detach(), "clip_prox": clipped_prox.sum(), "weight": weight[valid].sum(),
+           "fwd_dev": (ratio - weight).abs().sum(),  # |π_θ - π_prox| / μ
+           "weight_capped": (valid & (weight > args.tis_cap)).sum()}
     for key, value in new.items():
         sums[key] = sums.get(key, 0.0) + float(value)
+    sums.setdefault("sq_log_ratios", []).append(log_ratio[valid] ** 2)  # M2PO's cutoff needs the whole minibatch
     if valid.any():
         sums["ratio_min"] = min(sums.get("ratio_min", math.inf), ratio[valid].min().item())
         sums["ratio_max"] = max(sums.get("ratio_max", -math.inf), ratio[valid].max().item())
@@ -426,17 +516,21 @@ def minibatch_stats(sums: dict, grad_norm, args: Args, switch_tv=None) -> dict:
     """Token means over one minibatch. `tv` is the TV VACO's switch used (`switch_tv`), or the same
     estimate from the training passes under the other losses; `filter_on` is 1 when tv > δ, and
     `filtered_fraction` the tokens VACO filters then (under the other losses: would filter);
-    `masked_fraction` the tokens DPPO's mask stops (would stop)."""
+    `masked_fraction` the tokens DPPO's mask stops (would stop), `m2po_masked_fraction` M2PO's;
+    `tv_forward` = ½ E_μ|π_θ/μ - π_prox/μ|, the TV to π_prox that the forward lag adds."""
     n = max(sums["tokens"], 1.0)
     tv = float(switch_tv) if switch_tv is not None else 0.5 * sums["abs_dev"] / n
     filter_on = tv > args.tv_threshold
+    sq = torch.cat(sums["sq_log_ratios"])  # (log ρ)² of the minibatch's valid tokens
     return {"loss": sums["loss"], "kl": sums["kl"], "tv": tv, "filter_on": float(filter_on),
             "filtered_fraction": sums["away"] / n if filter_on else 0.0,
             "clip_fraction": (sums["clip_low"] + sums["clip_high"]) / n, "masked_fraction": sums["masked"] / n,
             "clip_fraction_low": sums["clip_low"] / n, "clip_fraction_high": sums["clip_high"] / n,
             "ratio_mean": sums["ratio"] / n, "ratio_min": sums.get("ratio_min", math.nan),
             "ratio_max": sums.get("ratio_max", math.nan), "entropy": sums["entropy"] / n,
-            "grad_norm": float(grad_norm)}
+            "grad_norm": float(grad_norm), "tv_forward": 0.5 * sums["fwd_dev"] / n, "m2": float(sq.sum()) / n,
+            "m2po_masked_fraction": float((sq >= m2po_cutoff(sq, args.m2po_bound)).sum()) / n, "clip_fraction_prox": sums["clip_prox"] / n,
+            "is_weight_mean": sums["weight"] / n, "tis_capped_fraction": sums["weight_capped"] / n}
 
 
 def peak_memory_gib() -> float:
@@ -461,15 +555,18 @@ def log_step(writer, step: int, stats: dict, train_accuracy: float, args: Args) 
         "charts/zero_std_group_fraction": (rewards.view(-1, args.group_size).std(dim=1) == 0).float().mean().item(),
         "losses/ratio_min": min(m["ratio_min"] for m in mb), "losses/ratio_max": max(m["ratio_max"] for m in mb),
         "losses/filter_on_fraction": mean("filter_on"),
+        "lag/batch_age": stats["age"], "lag/tv_backward": stats["tv_backward"],
         "perf/gen_tokens_per_s": mask.sum().item() / stats["gen_time"],
         "perf/train_tokens_per_s": stats["train_tokens"] / stats["train_time"],
         "perf/peak_memory_gib": peak_memory_gib(),
     }
     for key in ("loss", "tv", "filtered_fraction", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
-                "masked_fraction", "ratio_mean", "entropy", "grad_norm") + (("kl",) if args.beta > 0 else ()):
+                "masked_fraction", "ratio_mean", "entropy", "grad_norm", "tv_forward", "m2", "m2po_masked_fraction",
+                "clip_fraction_prox", "is_weight_mean", "tis_capped_fraction") + (("kl",) if args.beta > 0 else ()):
         scalars[f"losses/{key}"] = mean(key)
     for k, m in enumerate(mb):  # how the lag grows with the minibatch index k, and when the filter acts
-        for key in ("tv", "filter_on", "filtered_fraction", "clip_fraction", "masked_fraction"):
+        for key in ("tv", "tv_forward", "filter_on", "filtered_fraction", "clip_fraction", "masked_fraction",
+                    "m2po_masked_fraction"):
             scalars[f"lag/{key}_minibatch_{k}"] = m[key]
     for tag, value in scalars.items():
         writer.add_scalar(tag, value, step)
@@ -557,32 +654,39 @@ def gold_from_answer(answer: str) -> Optional[str]:
     return _clean(found[-1].replace("\u2212", "-")) if found else None
 
 
+def read_problems(path: str) -> list:
+    """The (question, gold) pairs of a JSONL file in GSM8k's format; a malformed line is a one-line error."""
+    if not os.path.isfile(path):
+        raise UsageError(f"dataset file not found: {path}")
+    problems = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                question, gold = row["question"], gold_from_answer(row["answer"])
+                assert isinstance(question, str) and question.strip() and gold is not None
+            except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
+                raise UsageError(f"{path}:{lineno}: malformed line (need JSON with a 'question' and an 'answer' "
+                                 "ending in '#### N')") from None
+            problems.append((question, gold))
+    if not problems:
+        raise UsageError(f"{path} has no problems")
+    return problems
+
+
 def load_problems(args: Args):
-    """Returns (train, test): lists of (question, gold) pairs. `test` is the whole test split (hub)
-    or the `eval_size` problems held out from `--dataset-path`."""
+    """Returns (train, test): lists of (question, gold) pairs. `test` is `--test-path`, else the hub's test
+    split, else the `eval_size` problems held out from `--dataset-path`."""
+    test = read_problems(args.test_path) if args.test_path is not None else None
     if args.dataset_path is not None:
-        if not os.path.isfile(args.dataset_path):
-            raise UsageError(f"dataset file not found: {args.dataset_path}")
-        problems = []
-        with open(args.dataset_path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    question, gold = row["question"], gold_from_answer(row["answer"])
-                    assert isinstance(question, str) and question.strip() and gold is not None
-                except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
-                    raise UsageError(
-                        f"{args.dataset_path}:{lineno}: malformed line (need JSON with a 'question' and an "
-                        f"'answer' ending in '#### N')"
-                    ) from None
-                problems.append((question, gold))
+        problems = read_problems(args.dataset_path)
+        if test is not None:
+            return problems, test
         if len(problems) <= args.eval_size:
-            raise UsageError(
-                f"{args.dataset_path} has {len(problems)} problems: need more than --eval-size {args.eval_size} "
-                "(the held-out evaluation problems) to train on"
-            )
+            raise UsageError(f"{args.dataset_path} has {len(problems)} problems: need more than --eval-size "
+                             f"{args.eval_size} (the held-out evaluation problems) to train on")
         random.Random(0).shuffle(problems)  # the same held-out problems for every seed: seeds vary training only
         return problems[args.eval_size :], problems[: args.eval_size]
     try:
@@ -592,8 +696,7 @@ def load_problems(args: Args):
     except Exception as e:  # offline, unknown name, ...: one line, not a traceback
         raise UsageError(f"cannot load dataset '{args.dataset_id}' ({args.dataset_config}): {str(e).splitlines()[0]}") from None
     train = [(r["question"], gold_from_answer(r["answer"])) for r in ds["train"]]
-    test = [(r["question"], gold_from_answer(r["answer"])) for r in ds["test"]]
-    return train, test
+    return train, test or [(r["question"], gold_from_answer(r["answer"])) for r in ds["test"]]
 
 
 def disable_dropout(model):
@@ -647,17 +750,27 @@ def save(model, tokenizer, generation_config, path: str) -> str:
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, problems, args: Args, eos_ids, autocast):
-    """Greedy decoding (deterministic) of every problem. Returns (accuracy, completions, rewards)."""
+def evaluate(model, tokenizer, problems, args: Args, eos_ids, autocast, samples: int = 0):
+    """Greedy decoding (deterministic) of every problem, or with `samples` > 0 that many completions of each
+    sampled at T. Returns (mean reward, completions, rewards), rows problem by problem."""
+    rows = [p for p in problems for _ in range(max(samples, 1))]
     completions, rewards = [], []
-    for i in range(0, len(problems), args.eval_batch_size):
-        batch = problems[i : i + args.eval_batch_size]
+    for i in range(0, len(rows), args.eval_batch_size):
+        batch = rows[i : i + args.eval_batch_size]
         prompts = [build_prompt(tokenizer, q, args.instruction) for q, _ in batch]
-        input_ids, _, mask = sample_completions(model, tokenizer, prompts, args.max_new_tokens, 1.0, False, eos_ids, autocast)
+        input_ids, _, mask = sample_completions(model, tokenizer, prompts, args.max_new_tokens, args.temperature, samples > 0, eos_ids, autocast)
         texts = decode_completions(tokenizer, input_ids, mask)
         completions += texts
         rewards += [gsm8k_reward(text, gold, args.answer_extraction) for text, (_, gold) in zip(texts, batch)]
     return (float(np.mean(rewards)) if rewards else float("nan")), completions, rewards
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of a problem with c correct completions out of n (Chen et al. 2021, arXiv 2107.03374):
+    the chance that k of the n, drawn without replacement, hold at least one correct, 1 - C(n - c, k) / C(n, k)."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n (got k = {k}, n = {n})")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def samples_markdown(problems, completions, rewards, n: int) -> str:
@@ -679,6 +792,7 @@ def validate(args: Args):
          f"the batch (--num-prompts {args.num_prompts} x --group-size {args.group_size} = "
          f"{args.num_prompts * args.group_size} completions) is not divisible by --num-minibatches {args.num_minibatches}"),
         (args.num_steps >= 1, f"--num-steps must be at least 1 (got {args.num_steps})"),
+        (args.staleness >= 0, f"--staleness must be >= 0 (got {args.staleness}): a batch cannot come from a later policy"),
         (args.micro_batch_size >= 0, f"--micro-batch-size must be >= 0 (got {args.micro_batch_size})"),
         (args.temperature > 0, f"--temperature must be > 0 (got {args.temperature})"),
         (args.max_new_tokens >= 1, f"--max-new-tokens must be at least 1 (got {args.max_new_tokens})"),
@@ -687,9 +801,14 @@ def validate(args: Args):
         (args.epsilon_high is None or args.epsilon_high >= 0, f"--epsilon-high must be >= 0 (got {args.epsilon_high})"),
         (args.tv_threshold >= 0, f"--tv-threshold must be >= 0 (got {args.tv_threshold})"),
         (0 < args.dppo_delta < 1, f"--dppo-delta must be in (0, 1): it bounds a change of probability (got {args.dppo_delta})"),
+        (args.tis_cap > 0, f"--tis-cap must be > 0 (got {args.tis_cap})"),
+        (args.m2po_bound > 0, f"--m2po-bound must be > 0 (got {args.m2po_bound}): it bounds a mean of squares"),
         (args.beta >= 0, f"--beta must be >= 0 (got {args.beta})"),
         (args.eval_size >= 0 and args.eval_every >= 0, "--eval-size and --eval-every must be >= 0"),
         (args.eval_batch_size >= 1, f"--eval-batch-size must be at least 1 (got {args.eval_batch_size})"),
+        (args.eval_samples >= 0, f"--eval-samples must be >= 0 (got {args.eval_samples})"),
+        (1 <= args.pass_k <= max(args.eval_samples, 1),
+         f"--pass-k {args.pass_k} needs 1 <= k <= --eval-samples ({args.eval_samples}): pass@k draws k of the samples"),
         (args.num_logged_samples >= 0, f"--num-logged-samples must be >= 0 (got {args.num_logged_samples})"),
         (args.save_every >= 0, f"--save-every must be >= 0 (got {args.save_every})"),
     ]
@@ -706,7 +825,7 @@ def _hms(seconds: float) -> str:
 
 
 def train(args: Args):
-    run_name = f"gsm8k__{args.exp_name}__{args.loss}_N{args.num_minibatches}__{args.seed}__{int(time.time())}"
+    run_name = f"gsm8k__{args.exp_name}__{args.loss}_N{args.num_minibatches}_S{args.staleness}__{args.seed}__{int(time.time())}"
     if args.save_path is None:
         args.save_path = f"runs/{run_name}/model"
     validate(args)
@@ -760,20 +879,21 @@ def train(args: Args):
     accuracy_before = run_eval(0, eval_problems) if args.eval_before else float("nan")
     accuracy = accuracy_before
     generator = torch.Generator().manual_seed(args.seed)
-    order, cursor = [], 0  # walk the training problems in shuffled epochs
+    indices = chain.from_iterable(np.random.permutation(len(train_problems)) for _ in count())  # shuffled epochs
+    queue, generated = deque(), 0  # the batches generated and not trained yet
     start_time, completions_done = time.time(), 0
     for step in range(1, args.num_steps + 1):
-        batch = []
-        while len(batch) < args.num_prompts:
-            if cursor == len(order):
-                order, cursor = np.random.permutation(len(train_problems)).tolist(), 0
-            batch.append(train_problems[order[cursor]])
-            cursor += 1
-        prompts = [build_prompt(tokenizer, q, args.instruction) for q, _ in batch]
-        stats = grpo_step(model, optimizer, tokenizer, prompts, [g for _, g in batch], reward_fn, args,
-                          eos_ids, autocast, ref_model, generator)
+        # The inference engine runs S batches ahead of the learner, with the weights of the step it generates at:
+        # at step 1 it generates S + 1 batches with the initial policy, then one per step (the batch of step t + S).
+        while len(queue) <= args.staleness and generated < args.num_steps:
+            problems = [train_problems[next(indices)] for _ in range(args.num_prompts)]
+            prompts = [build_prompt(tokenizer, q, args.instruction) for q, _ in problems]
+            queue.append(generate_batch(model, tokenizer, prompts, [g for _, g in problems], reward_fn, args, eos_ids,
+                                        autocast, generator, version=step))
+            generated += 1
+        stats = train_on_batch(model, optimizer, queue.popleft(), args, step, autocast, ref_model)
         completions_done += len(stats["completions"])
-        golds = [g for _, g in batch for _ in range(args.group_size)]
+        golds = [g for g in stats["golds"] for _ in range(args.group_size)]
         train_accuracy = float(np.mean([gsm8k_reward(t, g, args.answer_extraction) for t, g in zip(stats["completions"], golds)]))
         shown = log_step(writer, step, stats, train_accuracy, args)
         elapsed = time.time() - start_time
@@ -786,7 +906,8 @@ def train(args: Args):
             save(model, tokenizer, generation_config, f"runs/{run_name}/checkpoint-{step}")
         eta = elapsed / step * (args.num_steps - step)
         print(f"step {step}/{args.num_steps} | reward {shown['charts/reward_mean']:.3f} | train acc {train_accuracy:.3f} | "
-              f"eval acc {accuracy:.3f} | tv {shown['losses/tv']:.4f} | filter on {shown['losses/filter_on_fraction']:.2f} | "
+              f"eval acc {accuracy:.3f} | age {stats['age']} | tv back {stats['tv_backward']:.4f} | "
+              f"tv {shown['losses/tv']:.4f} | filter on {shown['losses/filter_on_fraction']:.2f} | "
               f"filtered {shown['losses/filtered_fraction']:.3f} | clipped {shown['losses/clip_fraction']:.3f} | "
               f"masked {shown['losses/masked_fraction']:.3f} | mem {shown['perf/peak_memory_gib']:.1f} GiB | "
               f"len {shown['charts/completion_length']:.0f} | gen {shown['perf/gen_tokens_per_s']:.0f} tok/s | "
@@ -794,16 +915,26 @@ def train(args: Args):
 
     accuracy_after = run_eval(args.num_steps, eval_problems)
     print(f"accuracy before {accuracy_before:.4f} after {accuracy_after:.4f} | SPS: {completions_done / (time.time() - start_time):.2f}", flush=True)
-    accuracy_full = float("nan")
+    accuracy_full = mean_at_n = pass_k = float("nan")
+    final_problems = eval_problems
     if args.final_eval and len(test_problems) > len(eval_problems):
-        accuracy_full = run_eval(args.num_steps, test_problems, "eval/accuracy_full_test")
+        accuracy_full, final_problems = run_eval(args.num_steps, test_problems, "eval/accuracy_full_test"), test_problems
+    if args.eval_samples and final_problems:  # n samples of each problem at T: mean@n and the unbiased pass@k
+        n, t0 = args.eval_samples, time.time()
+        correct = np.array(evaluate(model, tokenizer, final_problems, args, eos_ids, autocast, n)[2]).reshape(-1, n)
+        mean_at_n = float(correct.mean())
+        pass_k = float(np.mean([pass_at_k(n, int(c), args.pass_k) for c in correct.sum(axis=1)]))
+        writer.add_scalar(f"eval/mean_at_{n}", mean_at_n, args.num_steps)
+        writer.add_scalar(f"eval/pass_at_{args.pass_k}", pass_k, args.num_steps)
+        print(f"eval step {args.num_steps}: mean@{n} {mean_at_n:.4f}, pass@{args.pass_k} {pass_k:.4f} at T = "
+              f"{args.temperature} on {len(final_problems)} test problems ({time.time() - t0:.1f}s)", flush=True)
     if args.save_model:
         print(f"model saved to {save(model, tokenizer, generation_config, args.save_path)}", flush=True)
     writer.close()
     if args.track:
         wandb.finish()
     return {"accuracy_before": accuracy_before, "accuracy_after": accuracy_after, "accuracy_full_test": accuracy_full,
-            "run_name": run_name}
+            "mean_at_n": mean_at_n, "pass_at_k": pass_k, "run_name": run_name}
 
 
 def main(args: Optional[Args] = None):

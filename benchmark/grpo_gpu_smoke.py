@@ -1,9 +1,12 @@
 """A GPU smoke check of grpo_vaco_gsm8k.py's default path, sized for a short GPU lease (< 8 minutes):
-a few training steps at N = 8 minibatches with each loss (clip, vaco, dppo-tv), everything else at the
-script's defaults (bf16 autocast, 16 prompts x 8 completions, up to 512 new tokens, micro-batches of
-16, activation checkpointing, lr 1e-6). For each loss it reports the peak GPU memory, generation and
-training tokens per second, and the TV of each minibatch k to μ, and writes them to
-`grpo_gpu_smoke.md` and `.json` in `--out-dir` ($OUT when set, so that a remote run sends them back).
+a few training steps at N = 8 minibatches with each loss (clip, vaco, dppo-tv), then one loss
+(`--stale-loss`, vaco) at `--staleness 4`, everything else at the script's defaults (bf16 autocast,
+16 prompts x 8 completions, up to 512 new tokens, micro-batches of 16, activation checkpointing, lr
+1e-6). For each run it reports the peak GPU memory, generation and training tokens per second, the
+backward TV (at S = 4: from the second step on, the first steps training on batches of the initial
+policy) and the TV of each minibatch k to μ, and writes them to `grpo_gpu_smoke.md` and `.json` in
+`--out-dir` ($OUT when set, so that a remote run sends them back). A run is not started when it would
+end past `--time-budget`.
 
     python benchmark/grpo_gpu_smoke.py                                   # on a machine with a GPU
     python benchmark/grpo_gpu_smoke.py --model-id DIR --dataset-path gsm8k_train.jsonl   # real weights, GSM8k
@@ -98,6 +101,7 @@ def summarise(run_dir: str, n: int) -> dict:
     values = lambda tag: [e.value for e in events.Scalars(tag)]  # noqa: E731
     out = {key: statistics.mean(values(f"perf/{key}")) for key in ("gen_tokens_per_s", "train_tokens_per_s")}
     out.update(peak_memory_gib=max(values("perf/peak_memory_gib")), steps=len(values("charts/reward_mean")),
+               tv_backward=values("lag/tv_backward"),
                completion_length=statistics.mean(values("charts/completion_length")),
                reward=statistics.mean(values("charts/reward_mean")),
                tv=[statistics.mean(values(f"lag/tv_minibatch_{k}")) for k in range(n)],
@@ -111,19 +115,23 @@ def summarise(run_dir: str, n: int) -> dict:
 def markdown(results: list, setting: str, command: str) -> str:
     n = max(len(r["tv"]) for r in results) if results else 0
     lines = ["# GPU smoke check of grpo_vaco_gsm8k.py", "", f"Command: `{command}`", "", setting, "",
-             "| loss | steps | seconds | peak memory (GiB, allocated / reserved) | generation tok/s | training tok/s | "
-             "completion length | filtered / clipped / masked | " + " | ".join(f"TV k = {k}" for k in range(n)) + " |",
-             "|---|---|---|---|---|---|---|---|" + "---|" * n]
+             "| loss | S | steps | seconds | peak memory (GiB, allocated / reserved) | generation tok/s | training tok/s | "
+             "completion length | filtered / clipped / masked | backward TV per step | "
+             + " | ".join(f"TV k = {k}" for k in range(n)) + " |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * n]
     for r in results:
         reserved = f"{r['peak_reserved_gib']:.1f}" if r.get("peak_reserved_gib") is not None else "-"
-        lines.append(f"| {r['loss']} | {r['steps']} | {r['seconds']:.0f} | {r['peak_memory_gib']:.1f} / {reserved} | "
+        lines.append(f"| {r['loss']} | {r['staleness']} | {r['steps']} | {r['seconds']:.0f} | "
+                     f"{r['peak_memory_gib']:.1f} / {reserved} | "
                      f"{r['gen_tokens_per_s']:.0f} | {r['train_tokens_per_s']:.0f} | {r['completion_length']:.0f} | "
                      f"{r['filtered']:.3f} / {r['clipped']:.3f} / {r['masked']:.4f} | "
+                     + " ".join(f"{tv:.4f}" for tv in r["tv_backward"]) + " | "
                      + " | ".join(f"{tv:.5f}" for tv in r["tv"]) + " |")
     lines += ["", "Peak memory: `torch.cuda.max_memory_allocated` (reserved: `max_memory_reserved`) over the run, "
               "reset between losses; on a CPU, the process's peak resident memory. Training tokens/s counts prompt and "
               "completion tokens of μ's log-prob pass and the N training passes. TV: mean over the steps of "
-              "`lag/tv_minibatch_k`; VACO's filter at the script's default δ."]
+              "`lag/tv_minibatch_k`; VACO's filter at the script's default δ. Backward TV: `lag/tv_backward` of each step, "
+              "TV(μ, π_prox) on the batch's tokens."]
     return "\n".join(lines) + "\n"
 
 
@@ -135,6 +143,8 @@ def main():
     p.add_argument("--losses", nargs="+", default=["clip", "vaco", "dppo-tv"])
     p.add_argument("--num-steps", type=int, default=3, help="training steps per loss")
     p.add_argument("--num-minibatches", type=int, default=8)
+    p.add_argument("--staleness", type=int, default=4, help="S of the last run (0: no stale run)")
+    p.add_argument("--stale-loss", default="vaco", help="the loss of the run at --staleness")
     p.add_argument("--time-budget", type=float, default=420.0,
                    help="seconds: no further loss is started when the last one would end past this")
     p.add_argument("--out-dir", default=os.environ.get("OUT") or str(ROOT / "benchmark" / "results" / "tmp" / "gpu_smoke"))
@@ -177,23 +187,25 @@ def main():
     argv += shlex.split(a.extra)
     setting = (f"Setting: {what}; problems from {a.dataset_path or 'generated arithmetic (GSM8k format)'}; device "
                f"{torch.cuda.get_device_name() if a.device == 'cuda' else 'cpu'}; torch {torch.__version__}; every other "
-               f"option at the script's default. Runs: `python grpo_vaco_gsm8k.py {shlex.join(argv)} --loss L`.")
+               f"option at the script's default. Runs: `python grpo_vaco_gsm8k.py {shlex.join(argv)} --loss L --staleness S`.")
     print(setting, flush=True)
 
     results, skipped = [], []
     os.chdir(work)  # the runs' TensorBoard logs stay out of $OUT
-    for loss in a.losses:
+    runs = [(loss, 0) for loss in a.losses] + ([(a.stale_loss, a.staleness)] if a.staleness else [])
+    for loss, staleness in runs:
+        label = loss if staleness == 0 else f"{loss} S{staleness}"
         spent = time.time() - start
         if results and spent + max(r["seconds"] for r in results) > a.time_budget:
-            skipped.append(loss)
+            skipped.append(label)
             continue
         if a.device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.time()
-        result = g.train(tyro.cli(g.Args, args=argv + ["--loss", loss]))
+        result = g.train(tyro.cli(g.Args, args=argv + ["--loss", loss, "--staleness", str(staleness)]))
         (run_dir,) = glob.glob(str(work / "runs" / f"{result['run_name']}*"))
-        r = {"loss": loss, "seconds": time.time() - t0, **summarise(run_dir, a.num_minibatches),
+        r = {"loss": label, "staleness": staleness, "seconds": time.time() - t0, **summarise(run_dir, a.num_minibatches),
              "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if a.device == "cuda" else None}
         results.append(r)
         print(json.dumps(r), flush=True)

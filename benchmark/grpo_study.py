@@ -53,7 +53,7 @@ from grpo_tv_calibration import DATA, delta_by_rule, write_problems  # noqa: E40
 OUT = os.path.join(ROOT, "benchmark", "results", "grpo_study")
 NUM_STEPS = 6
 EVAL_SIZE = 300
-DPPO_DELTA = 0.2  # DPPO's recommendation for its binary-TV mask
+DPPO_DELTA = 0.2  # prime-rl's binary-TV δ (the DPPO authors' verl example uses 0.15)
 N = 8  # the lagged setting: minibatch k is trained k optimiser steps after generation
 
 # The setting of every run (the model and data paths are added at run time). 16 completions a step

@@ -1,6 +1,7 @@
 """Tests for grpo_vaco_gsm8k.py. No downloads: a tiny random Qwen2 model and a byte-level BPE
 tokenizer are built here, saved to a temporary folder and loaded through the script's own path."""
 import copy
+import itertools
 import json
 import math
 import os
@@ -213,7 +214,10 @@ def test_losses_ignore_padding_values():
     other[:, 3] = 123.0  # change what sits under the padding
     for fn in (lambda n: g.vaco_token_loss(n, mu, advantages, mask, 0.1),
                lambda n: g.clip_token_loss(n, mu, advantages, mask, 0.2),
-               lambda n: g.dppo_tv_token_loss(n, mu, advantages, mask, 0.07)):
+               lambda n: g.dppo_tv_token_loss(n, mu, advantages, mask, 0.07),
+               lambda n: g.decoupled_token_loss(n, mu - 0.1, mu, advantages, mask, 0.2),
+               lambda n: g.tis_token_loss(n, mu - 0.1, mu, advantages, mask, 0.2, 1.05),
+               lambda n: g.m2po_token_loss(n, mu, advantages, mask, 0.04)):
         first, second = fn(new.detach()), fn(other)
         assert all(torch.equal(a, b) for a, b in zip(first, second))
 
@@ -287,6 +291,83 @@ def test_clip_higher_and_the_low_clip_region():
     assert clipped.tolist() == [[True, False, False, False], [True, False, True, False]]
     loss.backward()
     assert (new.grad[clipped] == 0).all() and (new.grad[mask.bool() & ~clipped] != 0).all()
+
+
+def _proximal():
+    """π_prox for `_loss_inputs`: w = π_prox/μ per token (last column padding), so r = π_θ/π_prox = ρ/w."""
+    ratios, mu, new, advantages, mask = _loss_inputs()
+    weights = torch.tensor([[1.0, 2.0, 0.5, 7.0], [2.0, 0.5, 0.5, 3.0]])
+    return weights, mu + torch.log(weights), mu, new, advantages, mask
+
+
+def test_decoupled_loss_clips_around_the_proximal_policy_and_weights_by_it():
+    weights, prox, mu, new, advantages, mask = _proximal()
+    loss, clipped, weight = g.decoupled_token_loss(new, prox, mu, advantages, mask, clip_coef=0.2)
+    # r = ρ/w: A = +1: 1.5, 0.25, 2.3;  A = -2: 0.425, 2.2, 2.0
+    # w·min(rA, clip(r)A): 1·1.2, 2·0.25, 0.5·1.2;  2·(-2·0.8), 0.5·(-2·2.2), 0.5·(-2·2.0)
+    assert loss.item() == pytest.approx(-(1.2 + 0.5 + 0.6 - 3.2 - 2.2 - 2.0) / 6, rel=1e-5)
+    # the clip binds on r, not on ρ: r = 1.5, 2.3 with A > 0 and r = 0.425 with A < 0 (ρ = 0.85 is inside the clip)
+    assert clipped.tolist() == [[True, False, True, False], [True, False, False, False]]
+    assert torch.allclose(weight[:, :3], weights[:, :3]) and (weight[:, 3] == 1).all()  # 1 on padding
+    loss.backward()
+    # d(-w r A / 6)/d log π_θ = -w r A / 6 on kept tokens; 0 on clipped tokens and padding
+    expected = torch.tensor([[0.0, -2 * 0.25 / 6, 0.0, 0.0], [0.0, 0.5 * 2.2 * 2 / 6, 0.5 * 2.0 * 2 / 6, 0.0]])
+    assert torch.allclose(new.grad, expected, atol=1e-6)
+
+
+def test_decoupled_loss_is_ppo_clip_when_the_proximal_policy_is_the_behaviour_policy():
+    _, mu, new, advantages, mask = _loss_inputs()
+    a, b = new.detach().clone().requires_grad_(True), new.detach().clone().requires_grad_(True)
+    clip_loss, clipped = g.clip_token_loss(a, mu, advantages, mask, clip_coef=0.2)
+    decoupled_loss, decoupled_clipped, _ = g.decoupled_token_loss(b, mu, mu, advantages, mask, clip_coef=0.2)
+    assert decoupled_loss.item() == pytest.approx(clip_loss.item()) and torch.equal(clipped, decoupled_clipped)
+    clip_loss.backward()
+    decoupled_loss.backward()
+    assert torch.allclose(a.grad, b.grad, atol=1e-7)
+
+
+def test_tis_truncates_the_weight_of_the_decoupled_loss():
+    weights, prox, mu, new, advantages, mask = _proximal()
+    loss, clipped, weight = g.tis_token_loss(new, prox, mu, advantages, mask, clip_coef=0.2, cap=1.5)
+    # w = 2 becomes 1.5 (tokens (0, 1) and (1, 0)); the others are below C and unchanged
+    assert torch.allclose(weight[:, :3], torch.tensor([[1.0, 1.5, 0.5], [1.5, 0.5, 0.5]]))
+    assert loss.item() == pytest.approx(-(1.2 + 1.5 * 0.25 + 0.6 - 1.5 * 1.6 - 2.2 - 2.0) / 6, rel=1e-5)
+    assert clipped.tolist() == [[True, False, True, False], [True, False, False, False]]
+    loss.backward()
+    # the truncated weight scales the gradient of a kept token: -1.5 · 0.25 · 1 / 6 instead of -2 · 0.25 / 6
+    expected = torch.tensor([[0.0, -1.5 * 0.25 / 6, 0.0, 0.0], [0.0, 0.5 * 2.2 * 2 / 6, 0.5 * 2.0 * 2 / 6, 0.0]])
+    assert torch.allclose(new.grad, expected, atol=1e-6)
+
+
+def test_m2po_masks_the_largest_squared_log_ratios_until_the_second_moment_is_under_the_bound():
+    ratios, mu, new, advantages, mask = _loss_inputs()
+    # (log ρ)² of the valid tokens, sorted: 0.4805 (ρ = 0.5), 0.1644 (1.5), 0.0264 (0.85), 0.0195 (1.15), 0.0091, 0
+    # means of the largest-first suffixes: 0.1166, 0.0439, 0.0138, ...: under τ = 0.04 once the two largest go
+    loss, masked = g.m2po_token_loss(new, mu, advantages, mask, bound=0.04)
+    assert masked.tolist() == [[True, True, False, False], [False, False, False, False]]
+    kept = torch.log(ratios[:, :3])[~masked[:, :3]] ** 2
+    assert kept.mean() < 0.04 < torch.log(torch.tensor([1.5, 1.15, 0.85, 1.1, 1.0])).pow(2).mean()  # one fewer: over τ
+    # ℓ = -M ρ A, token mean over all 6 valid tokens (masked ones stay in the denominator), no clipping
+    assert loss.item() == pytest.approx(-(1.15 - 2 * (0.85 + 1.1 + 1.0)) / 6, rel=1e-5)
+    loss.backward()
+    expected = torch.tensor([[0.0, 0.0, -1.15 / 6, 0.0], [0.85 * 2 / 6, 1.1 * 2 / 6, 1.0 * 2 / 6, 0.0]])
+    assert torch.allclose(new.grad, expected, atol=1e-6)
+    # a looser bound masks only the largest; a bound above the mean masks nothing
+    assert g.m2po_token_loss(new, mu, advantages, mask, bound=0.05)[1].sum() == 1
+    assert not g.m2po_token_loss(new, mu, advantages, mask, bound=0.2)[1].any()
+    # a cutoff given from outside (the whole minibatch's) decides instead of this call's own
+    assert g.m2po_token_loss(new, mu, advantages, mask, bound=0.2, cutoff=0.02)[1].sum() == 3
+
+
+def test_m2po_cutoff_is_the_fewest_largest_values_against_brute_force():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        values = torch.rand(int(torch.randint(1, 12, (1,), generator=generator)), generator=generator) ** 3
+        bound = float(torch.rand(1, generator=generator)) * 0.3
+        ordered = sorted(values.tolist(), reverse=True)
+        fewest = next((k for k in range(len(ordered)) if sum(ordered[k:]) / (len(ordered) - k) < bound), len(ordered))
+        cutoff = g.m2po_cutoff(values, bound)
+        assert int((values >= cutoff).sum()) == fewest, (trial, values, bound)
 
 
 def test_k3_kl_values_direction_and_expectation():
@@ -369,14 +450,15 @@ def test_logprobs_and_entropy_match_a_full_log_softmax(tiny_model_dir):
 
 
 def _step(model_dir, seed=0, **overrides):
-    """One grpo_step on the tiny model with a plain SGD optimiser; returns (model, stats)."""
+    """One training step (S = 0) on the tiny model with a plain SGD optimiser; returns (model, stats)."""
     args, model, tokenizer, eos_ids = load(model_dir, **overrides)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate)
     ref_model = copy.deepcopy(model).requires_grad_(False) if args.beta > 0 else None
     prompts = [g.build_prompt(tokenizer, q, "") for q, _ in PROBLEMS[:2]]
     torch.manual_seed(seed)
-    stats = g.grpo_step(model, optimizer, tokenizer, prompts, ["1", "2"], lambda text, gold: float(len(text) % 2),
-                        args, eos_ids, ref_model=ref_model, generator=torch.Generator().manual_seed(seed))
+    batch = g.generate_batch(model, tokenizer, prompts, ["1", "2"], lambda text, gold: float(len(text) % 2), args,
+                             eos_ids, generator=torch.Generator().manual_seed(seed), version=1)
+    stats = g.train_on_batch(model, optimizer, batch, args, step=1, ref_model=ref_model)
     return model, stats
 
 
@@ -534,6 +616,144 @@ def test_evaluation_is_greedy_and_deterministic(tiny_model_dir):
     assert first[2] == [g.gsm8k_reward(text, "72") for text in first[1]] and first[0] == sum(first[2]) / 4
 
 
+def _staleness_run(model_dir, jsonl_path, monkeypatch, tmp_path, staleness, loss="clip"):
+    """A 4-step run at the given S, with a stand-in reward (1 for an even number of characters) so that the
+    policy moves; records the weights at each step's start and the batch each step trains on."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(g, "gsm8k_reward", lambda text, gold, mode="strict", format_reward=0.0: float(len(text) % 2 == 0))
+    states, batches, real = {}, {}, g.train_on_batch
+
+    def spy(model, optimizer, batch, args, step, *rest, **kwargs):
+        states[step], batches[step] = copy.deepcopy(model.state_dict()), batch
+        return real(model, optimizer, batch, args, step, *rest, **kwargs)
+
+    monkeypatch.setattr(g, "train_on_batch", spy)
+    args = tiny_args(model_dir, jsonl_path, num_steps=4, staleness=staleness, loss=loss, learning_rate=3e-3,
+                     eval_size=2, eval_every=0, eval_before=False, final_eval=False)
+    result = g.main(args)
+    (run_dir,) = (tmp_path / "runs").glob(f"*S{staleness}__*")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir)).Reload()
+    scalars = {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return args, states, batches, scalars, result
+
+
+def test_staleness_trains_on_the_batch_of_the_policy_s_steps_back(tiny_model_dir, jsonl_path, monkeypatch, tmp_path):
+    """S = 2: step t trains on the batch generated by the policy of step t - 2 (steps 1 and 2: by the initial
+    policy), whose μ log-probs came with it; backward TV > 0 from the first stale step on."""
+    args, states, batches, scalars, _ = _staleness_run(tiny_model_dir, jsonl_path, monkeypatch, tmp_path, 2)
+    assert [batches[t]["version"] for t in range(1, 5)] == [1, 1, 1, 2]
+    assert scalars["lag/batch_age"] == [0, 1, 2, 2]
+    model = g.load_model(args, torch.device("cpu"), torch.float32)[0]
+
+    def logprobs_of(state, batch):
+        model.load_state_dict(state)
+        return g.batch_logprobs(model, batch, args)[batch["completion_mask"].bool()]
+
+    for t in (3, 4):
+        mu = batches[t]["mu_logprobs"][batches[t]["completion_mask"].bool()]
+        assert torch.allclose(mu, logprobs_of(states[t - 2], batches[t]), atol=1e-6)  # the policy of step t - 2
+        for other in (t - 1, t):  # neither a newer policy's nor the learner's own
+            assert not torch.allclose(mu, logprobs_of(states[other], batches[t]), atol=1e-4)
+    # backward TV = ½ mean |π_prox/μ - 1| over the batch's tokens, π_prox the learner at the step's start
+    for t in range(1, 5):
+        mu = batches[t]["mu_logprobs"][batches[t]["completion_mask"].bool()]
+        expected = 0.5 * (torch.exp(logprobs_of(states[t], batches[t]) - mu) - 1).abs().mean().item()
+        assert scalars["lag/tv_backward"][t - 1] == pytest.approx(expected, rel=1e-4, abs=1e-7)
+    assert scalars["lag/tv_backward"][0] == 0 and all(tv > 1e-3 for tv in scalars["lag/tv_backward"][1:])
+    # minibatch 0 is trained by π_prox: the forward lag adds nothing to it, and something to minibatch 1
+    assert scalars["lag/tv_forward_minibatch_0"] == [0.0] * 4
+    assert all(tv > 0 for tv in scalars["lag/tv_forward_minibatch_1"])
+    assert all(tv > 0 for tv in scalars["lag/tv_minibatch_0"][1:])  # but its TV to μ is the backward lag's
+
+
+def test_no_staleness_trains_on_the_batch_of_the_current_policy(tiny_model_dir, jsonl_path, monkeypatch, tmp_path):
+    args, states, batches, scalars, _ = _staleness_run(tiny_model_dir, jsonl_path, monkeypatch, tmp_path, 0)
+    assert [batches[t]["version"] for t in range(1, 5)] == [1, 2, 3, 4] and scalars["lag/batch_age"] == [0] * 4
+    assert scalars["lag/tv_backward"] == [0.0] * 4 and scalars["lag/tv_minibatch_0"] == [0.0] * 4
+    model = g.load_model(args, torch.device("cpu"), torch.float32)[0]
+    for t in range(1, 5):
+        model.load_state_dict(states[t])
+        valid = batches[t]["completion_mask"].bool()
+        assert torch.equal(g.batch_logprobs(model, batches[t], args)[valid], batches[t]["mu_logprobs"][valid])
+
+
+@pytest.mark.parametrize("loss", ["decoupled", "tis", "m2po"])
+def test_new_losses_train_under_staleness_and_log_their_statistics(tiny_model_dir, jsonl_path, monkeypatch,
+                                                                   tmp_path, loss):
+    _, _, _, scalars, _ = _staleness_run(tiny_model_dir, jsonl_path, monkeypatch, tmp_path, 2, loss)
+    for tag in ("losses/is_weight_mean", "losses/tis_capped_fraction", "losses/clip_fraction_prox", "losses/m2",
+                "losses/m2po_masked_fraction", "losses/tv_forward", "lag/m2po_masked_fraction_minibatch_1"):
+        assert len(scalars[tag]) == 4, tag
+    assert scalars["losses/is_weight_mean"][0] == pytest.approx(1.0)  # step 1: π_prox = μ
+    assert scalars["losses/m2"][0] > 0  # minibatch 1 of step 1 is one update from μ
+
+
+def test_decoupled_and_clip_take_the_same_step_without_staleness(tiny_model_dir):
+    """S = 0: π_prox = μ, so the decoupled loss (and TIS, whose weights are all 1) is PPO-clip."""
+    clip, clip_stats = _step(tiny_model_dir, **{**LAG, "loss": "clip"})
+    for loss in ("decoupled", "tis"):
+        other, stats = _step(tiny_model_dir, **{**LAG, "loss": loss})
+        assert stats["completions"] == clip_stats["completions"]
+        for a, b in zip(clip.parameters(), other.parameters()):
+            assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_m2po_micro_batching_gives_the_one_batch_gradient(tiny_model_dir):
+    """M2PO's cutoff belongs to the minibatch: micro-batches of one sequence give the one-batch update."""
+    common = dict(LAG, loss="m2po", m2po_bound=1e-4)
+    one_batch, stats = _step(tiny_model_dir, micro_batch_size=0, **common)
+    micro, micro_stats = _step(tiny_model_dir, micro_batch_size=1, **common)
+    assert stats["per_minibatch"][1]["m2po_masked_fraction"] > 0
+    for a, b in zip(one_batch.parameters(), micro.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation: pass@k
+# ---------------------------------------------------------------------------------------------
+def test_pass_at_k_against_its_closed_form_and_brute_force():
+    assert g.pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3, 2) / C(5, 2)
+    assert g.pass_at_k(4, 0, 3) == 0 and g.pass_at_k(4, 1, 4) == 1 and g.pass_at_k(6, 3, 1) == pytest.approx(0.5)
+    for n in range(1, 7):
+        for c in range(n + 1):
+            for k in range(1, n + 1):  # every k-subset of n samples, c of them correct
+                subsets = list(itertools.combinations([1] * c + [0] * (n - c), k))
+                assert g.pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    with pytest.raises(ValueError):
+        g.pass_at_k(3, 1, 4)
+
+
+def test_sampled_evaluation_reports_mean_and_pass_at_k(tiny_model_dir, jsonl_path, monkeypatch, tmp_path):
+    """mean@n and pass@k are computed from the n sampled completions of each problem, problem by problem."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(g, "gsm8k_reward", lambda text, gold, mode="strict", format_reward=0.0: float(len(text) % 2))
+    seen, real = [], g.evaluate
+
+    def spy(*a, **kwargs):
+        out = real(*a, **kwargs)
+        seen.append((a[2], kwargs.get("samples", a[6] if len(a) > 6 else 0), out[2]))
+        return out
+
+    monkeypatch.setattr(g, "evaluate", spy)
+    result = g.main(tiny_args(tiny_model_dir, jsonl_path, num_steps=1, eval_every=0, eval_samples=3, pass_k=2))
+    problems, samples, rewards = seen[-1]
+    assert samples == 3 and len(problems) == 2 and len(rewards) == 6
+    per_problem = [rewards[:3], rewards[3:]]
+    assert result["mean_at_n"] == pytest.approx(sum(rewards) / 6)
+    assert result["pass_at_k"] == pytest.approx(sum(g.pass_at_k(3, int(sum(r)), 2) for r in per_problem) / 2)
+    assert 0 < result["mean_at_n"] < 1  # the samples differ: this checks sampling, not greedy decoding
+
+
+def test_test_path_is_the_test_split_and_nothing_is_held_out(tiny_model_dir, jsonl_path, tmp_path):
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"question": q + "?", "answer": a}) + "\n" for q, a in PROBLEMS[:3]))
+    train, test = g.load_problems(tiny_args(tiny_model_dir, jsonl_path, eval_size=2, test_path=str(test_file)))
+    assert len(train) == len(PROBLEMS) and [q for q, _ in test] == [q + "?" for q, _ in PROBLEMS[:3]]
+    assert [gold for _, gold in test] == ["72", "10", "950"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Learning: a toy verifiable task
 # ---------------------------------------------------------------------------------------------
@@ -549,9 +769,10 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, loss):
     digit_first = lambda text, gold: float(text[:1].isdigit())  # noqa: E731
     generator = torch.Generator().manual_seed(1)
     history = []
-    for _ in range(40):
-        stats = g.grpo_step(model, optimizer, tokenizer, prompts, [""] * 4, digit_first, args, eos_ids,
-                            generator=generator)
+    for step in range(1, 41):
+        batch = g.generate_batch(model, tokenizer, prompts, [""] * 4, digit_first, args, eos_ids, generator=generator,
+                                 version=step)
+        stats = g.train_on_batch(model, optimizer, batch, args, step)
         history.append(stats["rewards"].mean().item())
         if len(history) >= 3 and min(history[-3:]) >= 0.9:
             break
@@ -644,6 +865,8 @@ def bad_input(tmp_path, tiny_model_dir, jsonl_path):
     malformed.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n{not json\n")
     no_gold = tmp_path / "nogold.jsonl"
     no_gold.write_text(json.dumps({"question": "q", "answer": "just text"}) + "\n")
+    no_answers = tmp_path / "questions.jsonl"
+    no_answers.write_text(json.dumps({"question": "q"}) + "\n")
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("mine")
@@ -658,12 +881,17 @@ def bad_input(tmp_path, tiny_model_dir, jsonl_path):
         "unknown model": (dict(model_id=str(tmp_path / "no_such_model")), "cannot load model"),
         "save path exists": (dict(save_model=True, save_path=str(existing)), "already exists"),
         "too few problems": (dict(eval_size=6), "need more than --eval-size 6"),
+        "negative staleness": (dict(staleness=-1), "--staleness must be >= 0 (got -1)"),
+        "test file without answers": (dict(test_path=str(no_answers)), "questions.jsonl:1: malformed line"),
+        "pass@k above the samples": (dict(eval_samples=3, pass_k=4), "--pass-k 4 needs 1 <= k <= --eval-samples (3)"),
+        "pass@k without samples": (dict(pass_k=2), "--pass-k 2 needs 1 <= k <= --eval-samples (0)"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing dataset", "malformed line", "no #### answer", "indivisible batch",
                                   "group of one", "negative clip", "dppo delta of 1", "unknown model",
-                                  "save path exists", "too few problems"])
+                                  "save path exists", "too few problems", "negative staleness",
+                                  "test file without answers", "pass@k above the samples", "pass@k without samples"])
 def test_bad_input_is_one_line_and_exit_2(bad_input, tiny_model_dir, jsonl_path, capsys, case):
     overrides, message = bad_input[case]
     with pytest.raises(SystemExit) as exit_info:
@@ -714,8 +942,9 @@ def test_grpo_study_grid_rule_and_intervals(tmp_path):
 
 
 def test_gpu_smoke_command_on_the_cpu(tmp_path):
-    """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8,
-    its table and JSON in --out-dir, and the time budget that stops it starting another loss."""
+    """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8 and
+    of vaco at S = 4, its table and JSON in --out-dir, and the time budget that stops it starting another run;
+    then three steps at S = 2, where the backward lag shows from the second step on."""
     smoke = [sys.executable, str(ROOT / "benchmark" / "grpo_gpu_smoke.py"), "--tiny", "--device", "cpu",
              "--num-steps", "1", "--extra", "--num-threads 1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -725,8 +954,10 @@ def test_gpu_smoke_command_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / "all" / "grpo_gpu_smoke.json").read_text())
     rows = {r["loss"]: r for r in saved["results"]}
-    assert list(rows) == ["clip", "vaco", "dppo-tv"] and saved["skipped"] == []
+    assert list(rows) == ["clip", "vaco", "dppo-tv", "vaco S4"] and saved["skipped"] == []
+    assert [r["staleness"] for r in rows.values()] == [0, 0, 0, 4]
     for r in rows.values():
+        assert r["tv_backward"] == [0.0]  # one step: the batch of the initial policy, age 0
         assert r["steps"] == 1 and r["peak_memory_gib"] > 0 and r["gen_tokens_per_s"] > 0 and r["train_tokens_per_s"] > 0
         assert len(r["tv"]) == 8 and r["tv"][0] == 0 and all(tv > 0 for tv in r["tv"][1:])  # lag from k = 1 on
         assert r["completion_length"] == 8  # a random model does not stop: every completion is full length
@@ -735,11 +966,19 @@ def test_gpu_smoke_command_on_the_cpu(tmp_path):
     assert rows["clip"]["tv"][1] == pytest.approx(rows["dppo-tv"]["tv"][1], rel=1e-5)
     assert rows["vaco"]["filtered"] > 0 and rows["vaco"]["tv"][2:] != rows["clip"]["tv"][2:]  # the filter acted
     table = (tmp_path / "all" / "grpo_gpu_smoke.md").read_text()
-    assert table.count("\n| clip |") == table.count("\n| vaco |") == table.count("\n| dppo-tv |") == 1
+    assert table.count("\n| clip | 0 |") == table.count("\n| vaco | 0 |") == table.count("\n| vaco S4 | 4 |") == 1
     # a budget already spent: the first loss runs, the others are reported as not run
     result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "cut"), "--time-budget", "0"], capture_output=True,
                             text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / "cut" / "grpo_gpu_smoke.json").read_text())
-    assert [r["loss"] for r in saved["results"]] == ["clip"] and saved["skipped"] == ["vaco", "dppo-tv"]
-    assert "Not run (time budget): vaco, dppo-tv." in (tmp_path / "cut" / "grpo_gpu_smoke.md").read_text()
+    assert [r["loss"] for r in saved["results"]] == ["clip"] and saved["skipped"] == ["vaco", "dppo-tv", "vaco S4"]
+    assert "Not run (time budget): vaco, dppo-tv, vaco S4." in (tmp_path / "cut" / "grpo_gpu_smoke.md").read_text()
+    # S = 2 over three steps (ages 0, 1, 2): backward TV 0 at the first step, > 0 from the second on
+    smoke[smoke.index("--num-steps") + 1] = "3"
+    result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "stale"), "--losses", "clip", "--staleness", "2",
+                                     "--stale-loss", "decoupled"], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (clip, stale) = json.loads((tmp_path / "stale" / "grpo_gpu_smoke.json").read_text())["results"]
+    assert stale["loss"] == "decoupled S2" and stale["steps"] == 3 and clip["tv_backward"] == [0.0] * 3
+    assert stale["tv_backward"][0] == 0 and all(tv > 0 for tv in stale["tv_backward"][1:])
