@@ -109,8 +109,8 @@ class Args:
     clip_coef: float = 0.2
     """the surrogate clipping coefficient (used only by the `--no-tv-filter` ablation and `--clip-vloss`)"""
     clip_vloss: bool = False
-    """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets, and
-    the lag study's VACO numbers were measured without it (`--clip-vloss` with both ablations is PPO)"""
+    """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets
+    (`--clip-vloss` with both ablations is PPO)"""
     ent_coef: float = 0.0
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -122,8 +122,7 @@ class Args:
 
     # VACO
     tv_threshold: float = 0.1
-    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it (0.1 against the
-    behaviour policy: the choice of the lag study on Hopper and HalfCheetah, docs/results.md)"""
+    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it"""
     tv_reference: Literal["behaviour", "proximal"] = "behaviour"
     """what the TV filter measures against: beta, the paper's rule (backward and forward lag together),
     or pi_T, the policy at the update's start (forward drift only); the ratio stays pi_theta/beta"""
@@ -135,8 +134,6 @@ class Args:
     """V-trace advantages of the learner's policy; `--no-advantage-alignment` uses GAE (ablation)"""
     tv_filter: bool = True
     """TV filtering; `--no-tv-filter` uses PPO's clipped surrogate instead (ablation)"""
-    realign_every_epoch: bool = False
-    """recompute the aligned advantages before every epoch, not once per update (the paper: once)"""
 
     # Actors and learner (torch.distributed, gloo)
     num_actors: Optional[int] = None
@@ -170,10 +167,8 @@ class Args:
 
 def check_args(args: Args) -> None:
     """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("tv_threshold", "rho_bar", "c_bar"):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "tv_threshold", "rho_bar", "c_bar"):
         if getattr(args, name) <= 0:
             sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     for name, bad, rule in [("num_actors", args.num_actors < 1, ">= 1"), ("queue_batches", args.queue_batches < 1, ">= 1"),
@@ -186,10 +181,9 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --num-envs {args.num_envs} cannot be split evenly across {args.num_actors} actors")
     if not 0 <= args.master_port < 65536:
         sys.exit(f"error: --master-port must be a port number (0 for any free one), got {args.master_port}")
-    if args.eval_episodes < 0:
-        sys.exit(f"error: --eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.checkpoint_every < 0:
-        sys.exit(f"error: --checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    for name in ("eval_episodes", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.batch_size % args.num_minibatches:
         sys.exit(
             f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
@@ -209,11 +203,8 @@ def check_args(args: Args) -> None:
 def make_env(env_id, idx, capture_video, run_name):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
-        else:
-            env = gym.make(env_id)
-        return env
+            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}")
+        return gym.make(env_id)
 
     return thunk
 
@@ -409,20 +400,21 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
     """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
-    behaviour policies) by V-trace, and V-trace value targets for the critic, from the learner's
-    current critic. Returns (values, target_logprobs, advantages, value_targets), each [T, N]."""
+    behaviour policies) by V-trace, and V-trace value targets (`returns`) for the critic, from the
+    learner's current critic. Returns {values, proximal_logprobs (of pi_T), advantages, returns}, each [T, N]."""
     values = agent.get_value(b["obs"])
     next_values = agent.get_value(b["next_obs"])
-    target_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
+    proximal_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
     if not args.advantage_alignment:  # ablation: GAE, as if beta were pi_T
         advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
                                  args.gamma, args.gae_lambda)
-        return values, target_logprobs, advantages, advantages + values
-    advantages, value_targets = vtrace_advantages(
-        b["logprobs"], target_logprobs, b["rewards"], values, next_values, b["terminations"],
-        b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
-    )
-    return values, target_logprobs, advantages, value_targets
+        returns = advantages + values
+    else:
+        advantages, returns = vtrace_advantages(
+            b["logprobs"], proximal_logprobs, b["rewards"], values, next_values, b["terminations"],
+            b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
+        )
+    return dict(values=values, proximal_logprobs=proximal_logprobs, advantages=advantages, returns=returns)
 # --8<-- [end:estimate_advantages]
 
 
@@ -440,7 +432,7 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
 
 # --8<-- [start:vaco_policy_loss]
 def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, reference_logprob=None):
-    """TV filtering. Returns (loss, tv, filtered_fraction).
+    """TV filtering. Returns (loss, ratio, tv, filtered_fraction).
 
         rho = pi_theta(a|s) / beta(a|s),   the surrogate's importance ratio
         q = pi_theta(a|s) / pi_ref(a|s),   pi_ref = beta (the paper), or pi_T (`reference_logprob`)
@@ -459,7 +451,7 @@ def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, ref
     filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (q - 1) > 0: same sign
     surrogate = ratio * advantages
     surrogate = torch.where(filtered, surrogate.detach(), surrogate)
-    return -surrogate.mean(), tv, filtered.float().mean()
+    return -surrogate.mean(), ratio, tv, filtered.float().mean()
 # --8<-- [end:vaco_policy_loss]
 
 
@@ -478,17 +470,16 @@ def minibatch_loss(params, agent, mb, args):
     # Policy loss: TV filtering (no ratio clipping)
     if args.tv_filter:
         reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
-        pg_loss, tv, filtered_fraction = vaco_policy_loss(
+        pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(
             newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
         )
     else:  # ablation: PPO's clipped surrogate
-        pg_loss, _ = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+        pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
     logratio = newlogprob - mb["logprobs"]
-    ratio = logratio.exp()
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
-    # Value loss: regression on the V-trace targets
+    # Value loss
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - mb["returns"]) ** 2
         v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
@@ -544,28 +535,29 @@ def train_step(params, adam, flat, indices, lr, agent, args):
 
 
 def compile_train_step(step, enabled):
-    """torch.compile(step), which compiles at its first call (once per run); where compiling is
-    impossible (no C++ compiler, an unsupported platform) it says so in one line and `step` runs
-    eagerly from then on. `enabled` False: `step` itself."""
+    """torch.compile(step), compiled at its first call, which decides once per run: where the backend
+    cannot compile (no C++ compiler, say) one line says so and `step` runs eagerly from then on; any
+    other error is the step's own and is raised. `enabled` False: `step` itself."""
     if not enabled:
         return step
-    compiled, chosen = torch.compile(step, fullgraph=True), []
+    compiled = torch.compile(step, fullgraph=True)
 
-    def run(*args):
-        if not chosen:
-            start = time.time()
-            try:
-                out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
-                print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
-                chosen.append(compiled)
-                return out
-            except Exception as error:
-                print(f"note: torch.compile failed ({str(error).strip().splitlines()[0][:200]}); the update runs "
-                      "eagerly", flush=True)
-                chosen.append(step)
-        return chosen[0](*args)
+    def first_call(*args):
+        nonlocal chosen
+        start = time.time()
+        try:
+            out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            inner = f"{type(error.inner_exception).__name__}: {error.inner_exception}".splitlines()[0][:200]
+            print(f"note: torch.compile failed ({inner}); the update runs eagerly", flush=True)
+            chosen = step
+            return step(*args)
+        print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
+        chosen = compiled
+        return out
 
-    return run
+    chosen = first_call
+    return lambda *args: chosen(*args)
 
 
 def save_checkpoint(path, state):
@@ -724,7 +716,6 @@ def collect_segment(envs, actor, obs_rms, current_obs, segment, generator):
         action, logprob = act(actor, torch.as_tensor(current_obs), generator)
         segment["actions"][step], segment["logprobs"][step] = action.numpy(), logprob.numpy()
 
-        # TRY NOT TO MODIFY: execute the game and log data.
         raw_obs, reward, termination, truncation, infos = envs.step(
             np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
         )
@@ -733,9 +724,9 @@ def collect_segment(envs, actor, obs_rms, current_obs, segment, generator):
         segment["raw_obs"][step] = raw_obs
         obs_rms.update(raw_obs)
         current_obs = normalize_obs(raw_obs, obs_rms)
-        segment["next_obs"][step] = current_obs
+        segment["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
+                                     else current_obs)
         if done.any():
-            segment["next_obs"][step] = normalize_obs(with_final_obs(raw_obs, infos), obs_rms)
             for i in np.flatnonzero(infos["_episode"]):
                 segment["episode_returns"][step, i] = infos["episode"]["r"][i]
                 segment["episode_lengths"][step, i] = infos["episode"]["l"][i]
@@ -1207,7 +1198,6 @@ def main(args: Args):
 
     writer = open_logs(args, run_name)
 
-    # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -1260,7 +1250,6 @@ def main(args: Args):
     recent_returns = collections.deque(maxlen=100)
     used = dropped = learner_wait = 0
 
-    # TRY NOT TO MODIFY: start the game
     start_step = global_step
     budget = global_step + (args.num_iterations - start_iteration + 1) * args.batch_size  # env steps at the end
     start_time = last_print = time.time()
@@ -1296,24 +1285,20 @@ def main(args: Args):
                                   device=device)
              for key in ("obs", "next_obs", "actions", "logprobs", "rewards", "terminations", "dones")}
         # --8<-- [end:batch]
-        values, target_logprobs, advantages, returns = estimate_advantages(agent, b, args)
+        b.update(estimate_advantages(agent, b, args))
         # Backward lag: how far the learner already is from the behaviour policies, before any step.
-        start_ratio = (target_logprobs - b["logprobs"]).exp()
+        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
         backward_tv = 0.5 * (start_ratio - 1).abs().mean().item()
         writer.add_scalar("charts/backward_tv", backward_tv, global_step)
         writer.add_scalar("charts/rho_clipped_fraction", (start_ratio > args.rho_bar).float().mean().item(), global_step)
 
-        # flatten the batch: [T, N, ...] -> [T * N, ...]
-        flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns, values=values, proximal_logprobs=target_logprobs)
-        flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
+        # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
+                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values", "proximal_logprobs")}
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
         for epoch in range(args.update_epochs):
-            if args.realign_every_epoch and epoch > 0:  # option: align to the current pi_theta again
-                _, _, advantages, returns = estimate_advantages(agent, b, args)
-                flat["advantages"], flat["returns"] = advantages.reshape(-1), returns.reshape(-1)
             b_inds = torch.randperm(args.batch_size, generator=generator)
             for start in range(0, args.batch_size, args.minibatch_size):
                 for name, value in update(params, adam, flat, b_inds[start : start + args.minibatch_size], lr).items():
@@ -1326,11 +1311,10 @@ def main(args: Args):
         version += 1
         comm.publish(version, pack_policy(agent.actor, obs_rms))
 
-        y_pred, y_true = values.cpu().numpy().ravel(), returns.cpu().numpy().ravel()
+        y_pred, y_true = b["values"].cpu().numpy().ravel(), b["returns"].cpu().numpy().ravel()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
-        # TRY NOT TO MODIFY: record rewards for plotting purposes
         elapsed = time.time() - start_time
         sps = int((global_step - start_step) / elapsed)
         writer.add_scalar("charts/learning_rate", lr.item(), global_step)
