@@ -607,8 +607,7 @@ def main(args: Args):
                 "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
                 "policy_buffer": policy_buffer.state_dict(), "generator": generator.get_state(),
                 "action_generator": action_generator.get_state(), "lag_rng": lag_rng.bit_generator.state,
-                "global_step": global_step,
-                "iteration": iteration, "args": vars(args)}
+                "global_step": global_step, "iteration": iteration, "args": vars(args)}
 
     global_step, start_iteration = 0, 1
     if checkpoint:

@@ -17,8 +17,8 @@ the synchronous setting. VACO answers the two kinds of lag:
    sample whose update would increase the divergence (A and rho - 1 of the same sign) has its gradient
    detached. No ratio clipping.
 
-This file is ``ppo_continuous.py`` with the algorithm changed: ``diff ppo_continuous.py
-vaco_continuous.py`` shows exactly the method.
+This file is ``ppo_continuous.py`` with the algorithm changed:
+``diff ppo_continuous.py vaco_continuous.py`` shows exactly the method.
 
     python vaco_continuous.py --env-id Ant-v4 --policy-buffer 8
     python vaco_continuous.py --env-id Hopper-v4 --no-tv-filter             # ablation: PPO clipping
@@ -411,7 +411,8 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
 def estimate_advantages(agent, b, args):
     """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
     behaviour policies) by V-trace, and V-trace value targets (`returns`) for the critic, from the
-    learner's current critic. Returns {values, proximal_logprobs (of pi_T), advantages, returns}, each [T, N]."""
+    learner's current critic, with pi_T's log-probabilities of the batch actions (`proximal_logprobs`).
+    Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
     values = agent.get_value(b["obs"])
     next_values = agent.get_value(b["next_obs"])
     proximal_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
@@ -477,12 +478,11 @@ def minibatch_loss(params, agent, mb, args):
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-    # Policy loss: TV filtering (no ratio clipping)
-    if args.tv_filter:
+    # Policy loss
+    if args.tv_filter:  # TV filtering (no ratio clipping)
         reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
-        pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(
-            newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
-        )
+        pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(newlogprob, mb["logprobs"], mb_advantages,
+                                                                 args.tv_threshold, reference)
     else:  # ablation: PPO's clipped surrogate
         pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
     logratio = newlogprob - mb["logprobs"]
@@ -703,8 +703,7 @@ def main(args: Args):
                 "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
                 "policy_buffer": policy_buffer.state_dict(), "generator": generator.get_state(),
                 "action_generator": action_generator.get_state(), "lag_rng": lag_rng.bit_generator.state,
-                "global_step": global_step,
-                "iteration": iteration, "args": vars(args)}
+                "global_step": global_step, "iteration": iteration, "args": vars(args)}
 
     global_step, start_iteration = 0, 1
     if checkpoint:
@@ -782,7 +781,8 @@ def main(args: Args):
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values", "proximal_logprobs")}
+                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")}
+        flat["proximal_logprobs"] = b["proximal_logprobs"].reshape(-1)  # pi_T: the TV filter's proximal reference
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
