@@ -10,8 +10,7 @@ through torch.distributed (gloo backend, CPU tensors, point-to-point after start
     actor r (num_envs / N envs)                      learner (rank 0)
     act with the newest version received  --- segment of num_steps steps --->  communication thread:
     (its weights and observation                                                queue -> batch of N segments
-     statistics)                          <-- reply: [version, code] --------   -> VACO update -> version + 1
-                                              (+ weights, if newer)
+     statistics)                          <-- reply [version, code, weights]   -> VACO update -> version + 1
 
 A segment waits in the queue while the learner trains, so it can be several versions old when it
 is used: its lag = learner version at use - the version that acted. A full queue holds the next
@@ -401,7 +400,8 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
 def estimate_advantages(agent, b, args):
     """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
     behaviour policies) by V-trace, and V-trace value targets (`returns`) for the critic, from the
-    learner's current critic. Returns {values, proximal_logprobs (of pi_T), advantages, returns}, each [T, N]."""
+    learner's current critic, with pi_T's log-probabilities of the batch actions (`proximal_logprobs`).
+    Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
     values = agent.get_value(b["obs"])
     next_values = agent.get_value(b["next_obs"])
     proximal_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
@@ -467,12 +467,11 @@ def minibatch_loss(params, agent, mb, args):
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-    # Policy loss: TV filtering (no ratio clipping)
-    if args.tv_filter:
+    # Policy loss
+    if args.tv_filter:  # TV filtering (no ratio clipping)
         reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
-        pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(
-            newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
-        )
+        pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(newlogprob, mb["logprobs"], mb_advantages,
+                                                                 args.tv_threshold, reference)
     else:  # ablation: PPO's clipped surrogate
         pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
     logratio = newlogprob - mb["logprobs"]
@@ -652,11 +651,11 @@ def format_eta(seconds):
 
 # --- Messages: each one float64 tensor of a size both sides derive from the learner's settings ---
 # (a receiver posts a buffer of the right size). float64 carries the float32 weights, the raw
-# observations, the statistics and integers exactly. Tags keep the three kinds apart.
+# observations, the statistics and integers exactly. Tags keep the two kinds apart.
 # --8<-- [start:messages]
-REPLY_TAG, WEIGHTS_TAG, SEGMENT_TAG = 1, 2, 3
+REPLY_TAG, SEGMENT_TAG = 1, 2
 CONTINUE, STOP, DISMISSED = 0, 1, 2  # reply codes: act on; the run is over; you were counted lost
-# A reply: [version, code, 1 if that version's weights follow in a WEIGHTS_TAG message].
+# A reply: [version, code, then that version's policy as `pack_policy` packs it].
 
 
 class SegmentLayout:
@@ -697,7 +696,7 @@ def unpack_policy(weights, actor, obs_rms):
     """The inverse of `pack_policy`, into `actor` and `obs_rms`."""
     d = obs_rms.mean.shape[0]
     nn.utils.vector_to_parameters(weights[: -2 * d - 1].float(), actor.parameters())
-    statistics = weights[-2 * d - 1 :].numpy().copy()  # a copy: `weights` is the next receive's buffer
+    statistics = weights[-2 * d - 1 :].numpy().copy()  # a copy: `weights` views the next receive's buffer
     obs_rms.mean, obs_rms.var, obs_rms.count = statistics[:d], statistics[d:-1], float(statistics[-1])
 # --8<-- [end:messages]
 
@@ -750,7 +749,7 @@ def run_actor(rank, args, run_name, rng_state=None):
     layout = SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim)
     message = torch.zeros(layout.size, dtype=torch.float64)
     segment = layout.views(message)
-    reply, weights = torch.zeros(3, dtype=torch.float64), pack_policy(actor, obs_rms)  # receive buffers
+    reply = torch.zeros(2 + pack_policy(actor, obs_rms).numel(), dtype=torch.float64)  # the receive buffer
 
     # The synchronous script's envs, split across actors: env i of actor r has seed seed + (r-1)*n + i.
     raw_obs, _ = envs.reset(seed=args.seed + (rank - 1) * num_envs)
@@ -760,9 +759,8 @@ def run_actor(rank, args, run_name, rng_state=None):
         dist.recv(reply, src=0, tag=REPLY_TAG)
         if reply[1] != CONTINUE:
             break
-        if reply[2]:  # a newer version: its weights and statistics follow
-            dist.recv(weights, src=0, tag=WEIGHTS_TAG)
-            unpack_policy(weights, actor, obs_rms)
+        if int(reply[0]) != version:  # a newer version: take its weights and statistics
+            unpack_policy(reply[2:], actor, obs_rms)
         version = int(reply[0])
         wait_time += time.time() - waiting_since
         if index == 0:  # the reset's observations count in the statistics (here: those the first reply brought)
@@ -791,7 +789,11 @@ def actor_process(rank, world_size, args, port=None):
     try:
         store = None if port is None else dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-        run_name, learner_args, rng_states = startup_exchange()
+        # the one collective: the learner's run name and settings (so message sizes agree whatever each
+        # node's command line said), and a resumed run's actor noise generators
+        startup = [None, None, None]
+        dist.broadcast_object_list(startup, src=0)
+        run_name, learner_args, rng_states = startup
         run_actor(rank, Args(**learner_args), run_name, rng_states.get(rank))
         dist.destroy_process_group()
     except RuntimeError as e:  # gloo's, when the learner is gone: "Connection closed by peer", a timeout
@@ -806,8 +808,8 @@ class LearnerComm(threading.Thread):
     """The learner's communication thread, the one place that knows which actors are alive and,
     until the run stops, the learner's only caller of torch.distributed (`Work.wait` releases the
     GIL, so training goes on meanwhile). It receives segments from any actor, queues them for the
-    training loop and answers each one once, with [version, code, 1 if weights follow] (+ the newest
-    weights if the actor's are older). A full queue delays the answer, so the actor waits:
+    training loop and answers each one once, with [version, code, the weights of that version] (the
+    actor takes them if its version is older). A full queue delays the answer, so the actor waits:
     backpressure that bounds the lag. With `sync` it answers once every live actor's segment is in
     and the version trained on them is published.
 
@@ -822,7 +824,6 @@ class LearnerComm(threading.Thread):
         self.segments = queue.Queue(maxsize=queue_size)
         self.lock = threading.Condition(threading.RLock())  # guards the state below; notified on publish and stop
         self.published, self.replied_version = (version, weights), version
-        self.sent_version = dict.fromkeys(self.actors, -1)  # the version of the weights each actor holds
         self.pending = {actor: [] for actor in self.actors}  # reply sends not waited on yet (each waited by one thread)
         self.deaf_time, self.deaf_since = 0.0, None  # time not listening: finished periods, the current one's start
         self.unanswered = set(self.actors)  # actors waiting for our answer (at first, for the initial policy)
@@ -947,28 +948,23 @@ class LearnerComm(threading.Thread):
         return False
 
     def reply(self, actor):
-        """Answer `actor`, if it waits for an answer: [version, code, weights follow?], then the
-        weights if it holds an older version."""
+        """Answer `actor`, if it waits for an answer: [version, code, weights]."""
         with self.lock:
             if actor not in self.unanswered:  # the other thread answered it (a stop)
                 return
             self.unanswered.discard(actor)
             version, weights = self.published
             code = DISMISSED if actor in self.lost else STOP if self.stopping else CONTINUE
-            with_weights = code == CONTINUE and version > self.sent_version[actor]
             self.last_contact[actor] = self.listening()  # its silence counts from now
             self.replied_version = version
-            if with_weights:
-                self.sent_version[actor] = version
             if code != CONTINUE:
                 self.stopped.add(actor)
             previous, self.pending[actor] = self.pending[actor], []  # waited on once: a second gloo wait blocks
         try:
             for work in previous:  # it has sent a segment since, so it received these
                 work.wait()
-            sends = [dist.isend(torch.tensor([version, code, with_weights], dtype=torch.float64), actor, tag=REPLY_TAG)]
-            if with_weights:
-                sends.append(dist.isend(weights, actor, tag=WEIGHTS_TAG))
+            sends = [dist.isend(torch.cat([torch.tensor([version, code], dtype=torch.float64), weights]), actor,
+                                tag=REPLY_TAG)]
         except RuntimeError as e:  # its connection is gone: the process died
             with self.lock:
                 self.lost.setdefault(actor, f"connection lost ({str(e).splitlines()[0]})")
@@ -1097,14 +1093,6 @@ def process_group_timeout(args):
     return datetime.timedelta(seconds=max(600.0, 2 * args.actor_timeout))
 
 
-def startup_exchange(run_name=None, args=None, rng_states=None):
-    """The one collective: every actor takes the learner's run name and settings (so message sizes
-    agree whatever each node's command line said), and a resumed run's actor noise generators."""
-    objects = [run_name, None if args is None else vars(args), rng_states]
-    dist.broadcast_object_list(objects, src=0)
-    return objects
-
-
 def open_store(args, world_size):
     """Local launch: the learner's rendezvous store on 127.0.0.1, opened before anything is written."""
     try:
@@ -1120,7 +1108,7 @@ def launch(args, world_size, store, processes, run_name, rng_states):
     """The learner's process group, which waits for every actor: torchrun's rendezvous (`store`
     None), or here the actor processes it starts with spawn (a fresh interpreter: nothing is forked
     from this one) into `processes`, an actor that dies first ending the launch; then the actors
-    take the learner's settings."""
+    take the learner's settings (`actor_process`)."""
     if store is not None:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: a Ctrl-C cannot hit their start-up
         for rank in range(1, world_size):
@@ -1135,28 +1123,16 @@ def launch(args, world_size, store, processes, run_name, rng_states):
             if dead := [(rank, p.exitcode) for rank, p in processes.items() if p.exitcode is not None]:
                 print(f"error: actor {dead[0][0]} exited during start-up (code {dead[0][1]})", file=sys.stderr,
                       flush=True)
-                stop_actors(processes, timeout=0)
+                for process in processes.values():
+                    process.kill()
                 os._exit(1)
 
     threading.Thread(target=watchdog, daemon=True).start()
     group = {} if store is None else dict(store=store, rank=0, world_size=world_size)  # torchrun's: in the environment
     dist.init_process_group("gloo", timeout=process_group_timeout(args), **group)
     joined.set()
-    startup_exchange(run_name, args, rng_states)
+    dist.broadcast_object_list([run_name, vars(args), rng_states], src=0)
     print(f"learner: {world_size - 1} actor(s) joined", flush=True)
-
-
-def stop_actors(processes, timeout, told=()):
-    """Give the actors `told` to stop up to `timeout` s to exit; kill the others at once, and then
-    those too: none outlives the learner."""
-    deadline = time.time() + timeout
-    for rank, process in processes.items():
-        process.join(max(0.0, deadline - time.time()) if rank in told else 0)
-        if process.is_alive():
-            if rank in told:
-                print(f"actor {rank} did not exit within {timeout:g} s of being told to stop: killed", file=sys.stderr)
-            process.kill()
-            process.join()
 
 
 def shut_down(comm, processes, args):
@@ -1168,7 +1144,14 @@ def shut_down(comm, processes, args):
     while comm.is_alive() and comm.live() and time.time() < deadline:
         comm.watch(processes, args.actor_timeout)  # one that dies now need not be waited for
         comm.join(0.1)
-    stop_actors(processes, timeout=10, told=comm.told)  # the set itself: those told meanwhile count too
+    deadline = time.time() + 10
+    for rank, process in processes.items():  # those told to stop get 10 s to exit, the others none
+        process.join(max(0.0, deadline - time.time()) if rank in comm.told else 0)
+        if process.is_alive():
+            if rank in comm.told:
+                print(f"actor {rank} did not exit within 10 s of being told to stop: killed", file=sys.stderr)
+            process.kill()
+            process.join()
     comm.join(1.0)  # the stopped actors' closed connections end its last receive
     if not comm.is_alive():  # every receive and send is done
         dist.destroy_process_group()
@@ -1294,7 +1277,8 @@ def main(args: Args):
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values", "proximal_logprobs")}
+                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")}
+        flat["proximal_logprobs"] = b["proximal_logprobs"].reshape(-1)  # pi_T: the TV filter's proximal reference
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
