@@ -109,9 +109,6 @@ class Args:
     # Simulated asynchrony
     policy_buffer: int = 1
     """K: actors act with one of the learner's last K policy snapshots (1 = synchronous training)"""
-    async_envs: bool = False
-    """step the envs in subprocesses (gymnasium AsyncVectorEnv); pays off only when one env step
-    costs much more than the inter-process round trip, or with many cores"""
     compile: bool = True
     """compile the minibatch update (loss, gradient, clipping, Adam) into one program (torch.compile;
     paid once, at the first update); `--no-compile` runs the same function eagerly"""
@@ -134,10 +131,9 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --epsilon must be positive, got {args.epsilon}")
     if args.policy_buffer < 1:
         sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
-    if args.eval_episodes < 0:
-        sys.exit(f"error: --eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.checkpoint_every < 0:
-        sys.exit(f"error: --checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    for name in ("eval_episodes", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.batch_size % args.num_minibatches:
         sys.exit(
             f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
@@ -157,18 +153,14 @@ def check_args(args: Args) -> None:
 def make_env(env_id, idx, capture_video, run_name):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
-        else:
-            env = gym.make(env_id)
-        return env
+            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}")
+        return gym.make(env_id)
 
     return thunk
 
 
 def make_envs(args, run_name):
-    vector_env = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
-    envs = vector_env(
+    envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
         # SAME_STEP: a finished sub-env resets within the step and hands back its last observation
         # in infos["final_obs"]. So no dummy transition (NEXT_STEP's reset step, whose action is
@@ -298,7 +290,8 @@ class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
     Snapshots are frozen deep copies, so later updates of the learner never reach them. Age 0 is
-    the newest snapshot (the learner's current policy), age K-1 the oldest."""
+    the newest snapshot (the learner's current policy), age K-1 the oldest. After each update the
+    learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
 
     def __init__(self, actor, size):
         self.snapshots = collections.deque(maxlen=size)
@@ -308,8 +301,11 @@ class PolicyBuffer:
         self.snapshots.append(copy.deepcopy(actor).cpu().requires_grad_(False))  # actors act on the CPU
 
     def sample_ages(self, num_actors, rng):
-        """Each actor draws one snapshot uniformly among those held (fewer than K early on)."""
-        return rng.integers(len(self.snapshots), size=num_actors)
+        """Each actor draws one snapshot uniformly among those held (fewer than K early on); `act`
+        uses these ages until the next draw. Returns the ages."""
+        ages = rng.integers(len(self.snapshots), size=num_actors)
+        self.groups = [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
+        return ages
 
     def __getitem__(self, age):
         return self.snapshots[-1 - age]
@@ -323,19 +319,18 @@ class PolicyBuffer:
             snapshot.load_state_dict(state)
             self.snapshots.append(snapshot)  # the deque keeps the newest K
 
-
-@torch.inference_mode()
-def act(policy_buffer, groups, obs, generator):
-    """Sample each actor's action from its own snapshot; returns (action, behaviour log-prob)."""
-    if len(groups) == 1:  # all actors share one snapshot (always when K = 1): skip the scatter
-        mean, logstd = policy_buffer[groups[0][0]](obs)
-    else:
-        mean = torch.empty(obs.shape[0], policy_buffer[0].logstd.shape[-1])
-        logstd = torch.empty_like(mean)
-        for age, envs_idx in groups:  # one forward per snapshot in use
-            mean[envs_idx], logstd[envs_idx] = policy_buffer[age](obs[envs_idx])
-    action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
-    return action, gaussian_logprob(action, mean, logstd)
+    @torch.inference_mode()
+    def act(self, obs, generator):
+        """Sample each actor's action from its own snapshot; returns (action, behaviour log-prob)."""
+        if len(self.groups) == 1:  # all actors share one snapshot (always when K = 1): skip the scatter
+            mean, logstd = self[self.groups[0][0]](obs)
+        else:
+            mean = torch.empty(obs.shape[0], self[0].logstd.shape[-1])
+            logstd = torch.empty_like(mean)
+            for age, envs_idx in self.groups:  # one forward per snapshot in use
+                mean[envs_idx], logstd[envs_idx] = self[age](obs[envs_idx])
+        action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
+        return action, gaussian_logprob(action, mean, logstd)
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
@@ -361,13 +356,14 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
 def estimate_advantages(agent, b, args):
     """GAE advantages and return targets from the learner's *current* critic (the actors have
     none), plus the learner's log-probabilities of the batch actions (to measure backward lag).
-    Returns (values, target_logprobs, advantages, returns), each shaped [T, N]."""
+    Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
     values = agent.get_value(b["obs"])
     next_values = agent.get_value(b["next_obs"])
-    target_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
+    proximal_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
     advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
                              args.gamma, args.gae_lambda)
-    return values, target_logprobs, advantages, advantages + values
+    returns = advantages + values
+    return dict(values=values, proximal_logprobs=proximal_logprobs, advantages=advantages, returns=returns)
 
 
 # --8<-- [start:spo_policy_loss]
@@ -453,28 +449,29 @@ def train_step(params, adam, flat, indices, lr, agent, args):
 
 
 def compile_train_step(step, enabled):
-    """torch.compile(step), which compiles at its first call (once per run); where compiling is
-    impossible (no C++ compiler, an unsupported platform) it says so in one line and `step` runs
-    eagerly from then on. `enabled` False: `step` itself."""
+    """torch.compile(step), compiled at its first call, which decides once per run: where the backend
+    cannot compile (no C++ compiler, say) one line says so and `step` runs eagerly from then on; any
+    other error is the step's own and is raised. `enabled` False: `step` itself."""
     if not enabled:
         return step
-    compiled, chosen = torch.compile(step, fullgraph=True), []
+    compiled = torch.compile(step, fullgraph=True)
 
-    def run(*args):
-        if not chosen:
-            start = time.time()
-            try:
-                out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
-                print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
-                chosen.append(compiled)
-                return out
-            except Exception as error:
-                print(f"note: torch.compile failed ({str(error).strip().splitlines()[0][:200]}); the update runs "
-                      "eagerly", flush=True)
-                chosen.append(step)
-        return chosen[0](*args)
+    def first_call(*args):
+        nonlocal chosen
+        start = time.time()
+        try:
+            out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            inner = f"{type(error.inner_exception).__name__}: {error.inner_exception}".splitlines()[0][:200]
+            print(f"note: torch.compile failed ({inner}); the update runs eagerly", flush=True)
+            chosen = step
+            return step(*args)
+        print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
+        chosen = compiled
+        return out
 
-    return run
+    chosen = first_call
+    return lambda *args: chosen(*args)
 
 
 def save_checkpoint(path, state):
@@ -581,12 +578,10 @@ def main(args: Args):
     # env setup (checked before any log is written)
     envs = make_envs(args, run_name)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     checkpoint = resume_point(args)
 
     writer = open_logs(args, run_name)
 
-    # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -612,8 +607,7 @@ def main(args: Args):
                 "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
                 "policy_buffer": policy_buffer.state_dict(), "generator": generator.get_state(),
                 "action_generator": action_generator.get_state(), "lag_rng": lag_rng.bit_generator.state,
-                "global_step": global_step,
-                "iteration": iteration, "args": vars(args)}
+                "global_step": global_step, "iteration": iteration, "args": vars(args)}
 
     global_step, start_iteration = 0, 1
     if checkpoint:
@@ -633,16 +627,11 @@ def main(args: Args):
 
     # Rollout storage, time-major [T, N, ...]. next_obs[t] is the real s_{t+1}: the final
     # observation where an episode ended at t (the env has already reset to a new one).
-    obs = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)
-    next_obs = np.zeros_like(obs)
-    actions = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)
-    logprobs = np.zeros((args.num_steps, args.num_envs), np.float32)
-    rewards = np.zeros_like(logprobs)
-    terminations = np.zeros_like(logprobs)
-    dones = np.zeros_like(logprobs)
+    shapes = dict(obs=(obs_dim,), next_obs=(obs_dim,), actions=(act_dim,),
+                  logprobs=(), rewards=(), terminations=(), dones=())
+    rollout = {key: np.zeros((args.num_steps, args.num_envs, *shape), np.float32) for key, shape in shapes.items()}
     recent_returns = collections.deque(maxlen=100)
 
-    # TRY NOT TO MODIFY: start the game
     start_step = global_step
     budget = global_step + (args.num_iterations - start_iteration + 1) * args.batch_size  # env steps at the end
     start_time = last_print = time.time()
@@ -659,47 +648,41 @@ def main(args: Args):
 
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
-        groups = [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
         writer.add_scalar("charts/policy_lag_mean", ages.mean(), global_step)
         writer.add_scalar("charts/policy_lag_max", ages.max(), global_step)
 
         for step in range(0, args.num_steps):
             global_step += args.num_envs
-            obs[step] = current_obs
-            action, logprob = act(policy_buffer, groups, torch.as_tensor(current_obs), action_generator)
-            actions[step], logprobs[step] = action.numpy(), logprob.numpy()
+            rollout["obs"][step] = current_obs
+            action, logprob = policy_buffer.act(torch.as_tensor(current_obs), action_generator)
+            rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
 
-            # TRY NOT TO MODIFY: execute the game and log data.
             raw_obs, reward, termination, truncation, infos = envs.step(
-                np.clip(actions[step], action_low, action_high)
+                np.clip(rollout["actions"][step], envs.single_action_space.low, envs.single_action_space.high)
             )
             done = termination | truncation
-            rewards[step] = reward_scaler(reward, done)
-            terminations[step], dones[step] = termination, done
+            rollout["rewards"][step] = reward_scaler(reward, done)
+            rollout["terminations"][step], rollout["dones"][step] = termination, done
             obs_rms.update(raw_obs)
             current_obs = normalize_obs(raw_obs, obs_rms)
-            next_obs[step] = current_obs
+            rollout["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
+                                         else current_obs)
             if done.any():
-                next_obs[step] = normalize_obs(with_final_obs(raw_obs, infos), obs_rms)
                 for i in np.flatnonzero(infos["_episode"]):
                     recent_returns.append(float(infos["episode"]["r"][i]))
                     writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
                     writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
 
-        b = {
-            key: torch.as_tensor(value, device=device)
-            for key, value in dict(obs=obs, next_obs=next_obs, actions=actions, logprobs=logprobs,
-                                   rewards=rewards, terminations=terminations, dones=dones).items()
-        }
-        values, target_logprobs, advantages, returns = estimate_advantages(agent, b, args)
+        b = {key: torch.as_tensor(value, device=device) for key, value in rollout.items()}
+        b.update(estimate_advantages(agent, b, args))
         # Backward lag: how far the learner already is from the behaviour policies, before any step.
-        backward_tv = 0.5 * ((target_logprobs - b["logprobs"]).exp() - 1).abs().mean().item()
+        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
+        backward_tv = 0.5 * (start_ratio - 1).abs().mean().item()
         writer.add_scalar("charts/backward_tv", backward_tv, global_step)
 
-        # flatten the batch: [T, N, ...] -> [T * N, ...]
-        flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns, values=values)
-        flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
+        # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
+                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")}
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
@@ -715,11 +698,10 @@ def main(args: Args):
         # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
         policy_buffer.push(agent.actor)
 
-        y_pred, y_true = values.cpu().numpy().ravel(), returns.cpu().numpy().ravel()
+        y_pred, y_true = b["values"].cpu().numpy().ravel(), b["returns"].cpu().numpy().ravel()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
-        # TRY NOT TO MODIFY: record rewards for plotting purposes
         sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", lr.item(), global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update

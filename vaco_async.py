@@ -10,8 +10,7 @@ through torch.distributed (gloo backend, CPU tensors, point-to-point after start
     actor r (num_envs / N envs)                      learner (rank 0)
     act with the newest version received  --- segment of num_steps steps --->  communication thread:
     (its weights and observation                                                queue -> batch of N segments
-     statistics)                          <-- reply: [version, code] --------   -> VACO update -> version + 1
-                                              (+ weights, if newer)
+     statistics)                          <-- reply [version, code, weights]   -> VACO update -> version + 1
 
 A segment waits in the queue while the learner trains, so it can be several versions old when it
 is used: its lag = learner version at use - the version that acted. A full queue holds the next
@@ -109,8 +108,8 @@ class Args:
     clip_coef: float = 0.2
     """the surrogate clipping coefficient (used only by the `--no-tv-filter` ablation and `--clip-vloss`)"""
     clip_vloss: bool = False
-    """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets, and
-    the lag study's VACO numbers were measured without it (`--clip-vloss` with both ablations is PPO)"""
+    """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets
+    (`--clip-vloss` with both ablations is PPO)"""
     ent_coef: float = 0.0
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -122,8 +121,7 @@ class Args:
 
     # VACO
     tv_threshold: float = 0.1
-    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it (0.1 against the
-    behaviour policy: the choice of the lag study on Hopper and HalfCheetah, docs/results.md)"""
+    """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it"""
     tv_reference: Literal["behaviour", "proximal"] = "behaviour"
     """what the TV filter measures against: beta, the paper's rule (backward and forward lag together),
     or pi_T, the policy at the update's start (forward drift only); the ratio stays pi_theta/beta"""
@@ -135,8 +133,6 @@ class Args:
     """V-trace advantages of the learner's policy; `--no-advantage-alignment` uses GAE (ablation)"""
     tv_filter: bool = True
     """TV filtering; `--no-tv-filter` uses PPO's clipped surrogate instead (ablation)"""
-    realign_every_epoch: bool = False
-    """recompute the aligned advantages before every epoch, not once per update (the paper: once)"""
 
     # Actors and learner (torch.distributed, gloo)
     num_actors: Optional[int] = None
@@ -170,10 +166,8 @@ class Args:
 
 def check_args(args: Args) -> None:
     """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("tv_threshold", "rho_bar", "c_bar"):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "tv_threshold", "rho_bar", "c_bar"):
         if getattr(args, name) <= 0:
             sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     for name, bad, rule in [("num_actors", args.num_actors < 1, ">= 1"), ("queue_batches", args.queue_batches < 1, ">= 1"),
@@ -186,10 +180,9 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --num-envs {args.num_envs} cannot be split evenly across {args.num_actors} actors")
     if not 0 <= args.master_port < 65536:
         sys.exit(f"error: --master-port must be a port number (0 for any free one), got {args.master_port}")
-    if args.eval_episodes < 0:
-        sys.exit(f"error: --eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.checkpoint_every < 0:
-        sys.exit(f"error: --checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    for name in ("eval_episodes", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.batch_size % args.num_minibatches:
         sys.exit(
             f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
@@ -209,11 +202,8 @@ def check_args(args: Args) -> None:
 def make_env(env_id, idx, capture_video, run_name):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
-        else:
-            env = gym.make(env_id)
-        return env
+            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}")
+        return gym.make(env_id)
 
     return thunk
 
@@ -409,20 +399,22 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
     """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
-    behaviour policies) by V-trace, and V-trace value targets for the critic, from the learner's
-    current critic. Returns (values, target_logprobs, advantages, value_targets), each [T, N]."""
+    behaviour policies) by V-trace, and V-trace value targets (`returns`) for the critic, from the
+    learner's current critic, with pi_T's log-probabilities of the batch actions (`proximal_logprobs`).
+    Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
     values = agent.get_value(b["obs"])
     next_values = agent.get_value(b["next_obs"])
-    target_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
+    proximal_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
     if not args.advantage_alignment:  # ablation: GAE, as if beta were pi_T
         advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
                                  args.gamma, args.gae_lambda)
-        return values, target_logprobs, advantages, advantages + values
-    advantages, value_targets = vtrace_advantages(
-        b["logprobs"], target_logprobs, b["rewards"], values, next_values, b["terminations"],
-        b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
-    )
-    return values, target_logprobs, advantages, value_targets
+        returns = advantages + values
+    else:
+        advantages, returns = vtrace_advantages(
+            b["logprobs"], proximal_logprobs, b["rewards"], values, next_values, b["terminations"],
+            b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
+        )
+    return dict(values=values, proximal_logprobs=proximal_logprobs, advantages=advantages, returns=returns)
 # --8<-- [end:estimate_advantages]
 
 
@@ -440,7 +432,7 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
 
 # --8<-- [start:vaco_policy_loss]
 def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, reference_logprob=None):
-    """TV filtering. Returns (loss, tv, filtered_fraction).
+    """TV filtering. Returns (loss, ratio, tv, filtered_fraction).
 
         rho = pi_theta(a|s) / beta(a|s),   the surrogate's importance ratio
         q = pi_theta(a|s) / pi_ref(a|s),   pi_ref = beta (the paper), or pi_T (`reference_logprob`)
@@ -459,7 +451,7 @@ def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, ref
     filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (q - 1) > 0: same sign
     surrogate = ratio * advantages
     surrogate = torch.where(filtered, surrogate.detach(), surrogate)
-    return -surrogate.mean(), tv, filtered.float().mean()
+    return -surrogate.mean(), ratio, tv, filtered.float().mean()
 # --8<-- [end:vaco_policy_loss]
 
 
@@ -475,20 +467,18 @@ def minibatch_loss(params, agent, mb, args):
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-    # Policy loss: TV filtering (no ratio clipping)
-    if args.tv_filter:
+    # Policy loss
+    if args.tv_filter:  # TV filtering (no ratio clipping)
         reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
-        pg_loss, tv, filtered_fraction = vaco_policy_loss(
-            newlogprob, mb["logprobs"], mb_advantages, args.tv_threshold, reference
-        )
+        pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(newlogprob, mb["logprobs"], mb_advantages,
+                                                                 args.tv_threshold, reference)
     else:  # ablation: PPO's clipped surrogate
-        pg_loss, _ = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+        pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
     logratio = newlogprob - mb["logprobs"]
-    ratio = logratio.exp()
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
-    # Value loss: regression on the V-trace targets
+    # Value loss
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - mb["returns"]) ** 2
         v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
@@ -544,28 +534,29 @@ def train_step(params, adam, flat, indices, lr, agent, args):
 
 
 def compile_train_step(step, enabled):
-    """torch.compile(step), which compiles at its first call (once per run); where compiling is
-    impossible (no C++ compiler, an unsupported platform) it says so in one line and `step` runs
-    eagerly from then on. `enabled` False: `step` itself."""
+    """torch.compile(step), compiled at its first call, which decides once per run: where the backend
+    cannot compile (no C++ compiler, say) one line says so and `step` runs eagerly from then on; any
+    other error is the step's own and is raised. `enabled` False: `step` itself."""
     if not enabled:
         return step
-    compiled, chosen = torch.compile(step, fullgraph=True), []
+    compiled = torch.compile(step, fullgraph=True)
 
-    def run(*args):
-        if not chosen:
-            start = time.time()
-            try:
-                out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
-                print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
-                chosen.append(compiled)
-                return out
-            except Exception as error:
-                print(f"note: torch.compile failed ({str(error).strip().splitlines()[0][:200]}); the update runs "
-                      "eagerly", flush=True)
-                chosen.append(step)
-        return chosen[0](*args)
+    def first_call(*args):
+        nonlocal chosen
+        start = time.time()
+        try:
+            out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            inner = f"{type(error.inner_exception).__name__}: {error.inner_exception}".splitlines()[0][:200]
+            print(f"note: torch.compile failed ({inner}); the update runs eagerly", flush=True)
+            chosen = step
+            return step(*args)
+        print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
+        chosen = compiled
+        return out
 
-    return run
+    chosen = first_call
+    return lambda *args: chosen(*args)
 
 
 def save_checkpoint(path, state):
@@ -660,11 +651,11 @@ def format_eta(seconds):
 
 # --- Messages: each one float64 tensor of a size both sides derive from the learner's settings ---
 # (a receiver posts a buffer of the right size). float64 carries the float32 weights, the raw
-# observations, the statistics and integers exactly. Tags keep the three kinds apart.
+# observations, the statistics and integers exactly. Tags keep the two kinds apart.
 # --8<-- [start:messages]
-REPLY_TAG, WEIGHTS_TAG, SEGMENT_TAG = 1, 2, 3
+REPLY_TAG, SEGMENT_TAG = 1, 2
 CONTINUE, STOP, DISMISSED = 0, 1, 2  # reply codes: act on; the run is over; you were counted lost
-# A reply: [version, code, 1 if that version's weights follow in a WEIGHTS_TAG message].
+# A reply: [version, code, then that version's policy as `pack_policy` packs it].
 
 
 class SegmentLayout:
@@ -705,7 +696,7 @@ def unpack_policy(weights, actor, obs_rms):
     """The inverse of `pack_policy`, into `actor` and `obs_rms`."""
     d = obs_rms.mean.shape[0]
     nn.utils.vector_to_parameters(weights[: -2 * d - 1].float(), actor.parameters())
-    statistics = weights[-2 * d - 1 :].numpy().copy()  # a copy: `weights` is the next receive's buffer
+    statistics = weights[-2 * d - 1 :].numpy().copy()  # a copy: `weights` views the next receive's buffer
     obs_rms.mean, obs_rms.var, obs_rms.count = statistics[:d], statistics[d:-1], float(statistics[-1])
 # --8<-- [end:messages]
 
@@ -724,7 +715,6 @@ def collect_segment(envs, actor, obs_rms, current_obs, segment, generator):
         action, logprob = act(actor, torch.as_tensor(current_obs), generator)
         segment["actions"][step], segment["logprobs"][step] = action.numpy(), logprob.numpy()
 
-        # TRY NOT TO MODIFY: execute the game and log data.
         raw_obs, reward, termination, truncation, infos = envs.step(
             np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
         )
@@ -733,9 +723,9 @@ def collect_segment(envs, actor, obs_rms, current_obs, segment, generator):
         segment["raw_obs"][step] = raw_obs
         obs_rms.update(raw_obs)
         current_obs = normalize_obs(raw_obs, obs_rms)
-        segment["next_obs"][step] = current_obs
+        segment["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
+                                     else current_obs)
         if done.any():
-            segment["next_obs"][step] = normalize_obs(with_final_obs(raw_obs, infos), obs_rms)
             for i in np.flatnonzero(infos["_episode"]):
                 segment["episode_returns"][step, i] = infos["episode"]["r"][i]
                 segment["episode_lengths"][step, i] = infos["episode"]["l"][i]
@@ -759,7 +749,7 @@ def run_actor(rank, args, run_name, rng_state=None):
     layout = SegmentLayout(args.num_steps, num_envs, obs_dim, act_dim)
     message = torch.zeros(layout.size, dtype=torch.float64)
     segment = layout.views(message)
-    reply, weights = torch.zeros(3, dtype=torch.float64), pack_policy(actor, obs_rms)  # receive buffers
+    reply = torch.zeros(2 + pack_policy(actor, obs_rms).numel(), dtype=torch.float64)  # the receive buffer
 
     # The synchronous script's envs, split across actors: env i of actor r has seed seed + (r-1)*n + i.
     raw_obs, _ = envs.reset(seed=args.seed + (rank - 1) * num_envs)
@@ -769,9 +759,8 @@ def run_actor(rank, args, run_name, rng_state=None):
         dist.recv(reply, src=0, tag=REPLY_TAG)
         if reply[1] != CONTINUE:
             break
-        if reply[2]:  # a newer version: its weights and statistics follow
-            dist.recv(weights, src=0, tag=WEIGHTS_TAG)
-            unpack_policy(weights, actor, obs_rms)
+        if int(reply[0]) != version:  # a newer version: take its weights and statistics
+            unpack_policy(reply[2:], actor, obs_rms)
         version = int(reply[0])
         wait_time += time.time() - waiting_since
         if index == 0:  # the reset's observations count in the statistics (here: those the first reply brought)
@@ -800,7 +789,11 @@ def actor_process(rank, world_size, args, port=None):
     try:
         store = None if port is None else dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-        run_name, learner_args, rng_states = startup_exchange()
+        # the one collective: the learner's run name and settings (so message sizes agree whatever each
+        # node's command line said), and a resumed run's actor noise generators
+        startup = [None, None, None]
+        dist.broadcast_object_list(startup, src=0)
+        run_name, learner_args, rng_states = startup
         run_actor(rank, Args(**learner_args), run_name, rng_states.get(rank))
         dist.destroy_process_group()
     except RuntimeError as e:  # gloo's, when the learner is gone: "Connection closed by peer", a timeout
@@ -815,8 +808,8 @@ class LearnerComm(threading.Thread):
     """The learner's communication thread, the one place that knows which actors are alive and,
     until the run stops, the learner's only caller of torch.distributed (`Work.wait` releases the
     GIL, so training goes on meanwhile). It receives segments from any actor, queues them for the
-    training loop and answers each one once, with [version, code, 1 if weights follow] (+ the newest
-    weights if the actor's are older). A full queue delays the answer, so the actor waits:
+    training loop and answers each one once, with [version, code, the weights of that version] (the
+    actor takes them if its version is older). A full queue delays the answer, so the actor waits:
     backpressure that bounds the lag. With `sync` it answers once every live actor's segment is in
     and the version trained on them is published.
 
@@ -831,7 +824,6 @@ class LearnerComm(threading.Thread):
         self.segments = queue.Queue(maxsize=queue_size)
         self.lock = threading.Condition(threading.RLock())  # guards the state below; notified on publish and stop
         self.published, self.replied_version = (version, weights), version
-        self.sent_version = dict.fromkeys(self.actors, -1)  # the version of the weights each actor holds
         self.pending = {actor: [] for actor in self.actors}  # reply sends not waited on yet (each waited by one thread)
         self.deaf_time, self.deaf_since = 0.0, None  # time not listening: finished periods, the current one's start
         self.unanswered = set(self.actors)  # actors waiting for our answer (at first, for the initial policy)
@@ -956,28 +948,23 @@ class LearnerComm(threading.Thread):
         return False
 
     def reply(self, actor):
-        """Answer `actor`, if it waits for an answer: [version, code, weights follow?], then the
-        weights if it holds an older version."""
+        """Answer `actor`, if it waits for an answer: [version, code, weights]."""
         with self.lock:
             if actor not in self.unanswered:  # the other thread answered it (a stop)
                 return
             self.unanswered.discard(actor)
             version, weights = self.published
             code = DISMISSED if actor in self.lost else STOP if self.stopping else CONTINUE
-            with_weights = code == CONTINUE and version > self.sent_version[actor]
             self.last_contact[actor] = self.listening()  # its silence counts from now
             self.replied_version = version
-            if with_weights:
-                self.sent_version[actor] = version
             if code != CONTINUE:
                 self.stopped.add(actor)
             previous, self.pending[actor] = self.pending[actor], []  # waited on once: a second gloo wait blocks
         try:
             for work in previous:  # it has sent a segment since, so it received these
                 work.wait()
-            sends = [dist.isend(torch.tensor([version, code, with_weights], dtype=torch.float64), actor, tag=REPLY_TAG)]
-            if with_weights:
-                sends.append(dist.isend(weights, actor, tag=WEIGHTS_TAG))
+            sends = [dist.isend(torch.cat([torch.tensor([version, code], dtype=torch.float64), weights]), actor,
+                                tag=REPLY_TAG)]
         except RuntimeError as e:  # its connection is gone: the process died
             with self.lock:
                 self.lost.setdefault(actor, f"connection lost ({str(e).splitlines()[0]})")
@@ -1106,14 +1093,6 @@ def process_group_timeout(args):
     return datetime.timedelta(seconds=max(600.0, 2 * args.actor_timeout))
 
 
-def startup_exchange(run_name=None, args=None, rng_states=None):
-    """The one collective: every actor takes the learner's run name and settings (so message sizes
-    agree whatever each node's command line said), and a resumed run's actor noise generators."""
-    objects = [run_name, None if args is None else vars(args), rng_states]
-    dist.broadcast_object_list(objects, src=0)
-    return objects
-
-
 def open_store(args, world_size):
     """Local launch: the learner's rendezvous store on 127.0.0.1, opened before anything is written."""
     try:
@@ -1129,7 +1108,7 @@ def launch(args, world_size, store, processes, run_name, rng_states):
     """The learner's process group, which waits for every actor: torchrun's rendezvous (`store`
     None), or here the actor processes it starts with spawn (a fresh interpreter: nothing is forked
     from this one) into `processes`, an actor that dies first ending the launch; then the actors
-    take the learner's settings."""
+    take the learner's settings (`actor_process`)."""
     if store is not None:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: a Ctrl-C cannot hit their start-up
         for rank in range(1, world_size):
@@ -1144,28 +1123,16 @@ def launch(args, world_size, store, processes, run_name, rng_states):
             if dead := [(rank, p.exitcode) for rank, p in processes.items() if p.exitcode is not None]:
                 print(f"error: actor {dead[0][0]} exited during start-up (code {dead[0][1]})", file=sys.stderr,
                       flush=True)
-                stop_actors(processes, timeout=0)
+                for process in processes.values():
+                    process.kill()
                 os._exit(1)
 
     threading.Thread(target=watchdog, daemon=True).start()
     group = {} if store is None else dict(store=store, rank=0, world_size=world_size)  # torchrun's: in the environment
     dist.init_process_group("gloo", timeout=process_group_timeout(args), **group)
     joined.set()
-    startup_exchange(run_name, args, rng_states)
+    dist.broadcast_object_list([run_name, vars(args), rng_states], src=0)
     print(f"learner: {world_size - 1} actor(s) joined", flush=True)
-
-
-def stop_actors(processes, timeout, told=()):
-    """Give the actors `told` to stop up to `timeout` s to exit; kill the others at once, and then
-    those too: none outlives the learner."""
-    deadline = time.time() + timeout
-    for rank, process in processes.items():
-        process.join(max(0.0, deadline - time.time()) if rank in told else 0)
-        if process.is_alive():
-            if rank in told:
-                print(f"actor {rank} did not exit within {timeout:g} s of being told to stop: killed", file=sys.stderr)
-            process.kill()
-            process.join()
 
 
 def shut_down(comm, processes, args):
@@ -1177,7 +1144,14 @@ def shut_down(comm, processes, args):
     while comm.is_alive() and comm.live() and time.time() < deadline:
         comm.watch(processes, args.actor_timeout)  # one that dies now need not be waited for
         comm.join(0.1)
-    stop_actors(processes, timeout=10, told=comm.told)  # the set itself: those told meanwhile count too
+    deadline = time.time() + 10
+    for rank, process in processes.items():  # those told to stop get 10 s to exit, the others none
+        process.join(max(0.0, deadline - time.time()) if rank in comm.told else 0)
+        if process.is_alive():
+            if rank in comm.told:
+                print(f"actor {rank} did not exit within 10 s of being told to stop: killed", file=sys.stderr)
+            process.kill()
+            process.join()
     comm.join(1.0)  # the stopped actors' closed connections end its last receive
     if not comm.is_alive():  # every receive and send is done
         dist.destroy_process_group()
@@ -1207,7 +1181,6 @@ def main(args: Args):
 
     writer = open_logs(args, run_name)
 
-    # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -1260,7 +1233,6 @@ def main(args: Args):
     recent_returns = collections.deque(maxlen=100)
     used = dropped = learner_wait = 0
 
-    # TRY NOT TO MODIFY: start the game
     start_step = global_step
     budget = global_step + (args.num_iterations - start_iteration + 1) * args.batch_size  # env steps at the end
     start_time = last_print = time.time()
@@ -1296,24 +1268,21 @@ def main(args: Args):
                                   device=device)
              for key in ("obs", "next_obs", "actions", "logprobs", "rewards", "terminations", "dones")}
         # --8<-- [end:batch]
-        values, target_logprobs, advantages, returns = estimate_advantages(agent, b, args)
+        b.update(estimate_advantages(agent, b, args))
         # Backward lag: how far the learner already is from the behaviour policies, before any step.
-        start_ratio = (target_logprobs - b["logprobs"]).exp()
+        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
         backward_tv = 0.5 * (start_ratio - 1).abs().mean().item()
         writer.add_scalar("charts/backward_tv", backward_tv, global_step)
         writer.add_scalar("charts/rho_clipped_fraction", (start_ratio > args.rho_bar).float().mean().item(), global_step)
 
-        # flatten the batch: [T, N, ...] -> [T * N, ...]
-        flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns, values=values, proximal_logprobs=target_logprobs)
-        flat = {key: value.reshape(args.batch_size, *value.shape[2:]) for key, value in flat.items()}
+        # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
+                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")}
+        flat["proximal_logprobs"] = b["proximal_logprobs"].reshape(-1)  # pi_T: the TV filter's proximal reference
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
         for epoch in range(args.update_epochs):
-            if args.realign_every_epoch and epoch > 0:  # option: align to the current pi_theta again
-                _, _, advantages, returns = estimate_advantages(agent, b, args)
-                flat["advantages"], flat["returns"] = advantages.reshape(-1), returns.reshape(-1)
             b_inds = torch.randperm(args.batch_size, generator=generator)
             for start in range(0, args.batch_size, args.minibatch_size):
                 for name, value in update(params, adam, flat, b_inds[start : start + args.minibatch_size], lr).items():
@@ -1326,11 +1295,10 @@ def main(args: Args):
         version += 1
         comm.publish(version, pack_policy(agent.actor, obs_rms))
 
-        y_pred, y_true = values.cpu().numpy().ravel(), returns.cpu().numpy().ravel()
+        y_pred, y_true = b["values"].cpu().numpy().ravel(), b["returns"].cpu().numpy().ravel()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
-        # TRY NOT TO MODIFY: record rewards for plotting purposes
         elapsed = time.time() - start_time
         sps = int((global_step - start_step) / elapsed)
         writer.add_scalar("charts/learning_rate", lr.item(), global_step)

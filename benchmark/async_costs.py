@@ -88,10 +88,9 @@ def learner_time(args, layout, obs_dim, act_dim):
     generator = torch.Generator().manual_seed(0)
 
     def one_update():
-        values, target_logprobs, advantages, returns = va.estimate_advantages(agent, b, script_args)
-        flat = dict(obs=b["obs"], actions=b["actions"], logprobs=b["logprobs"], advantages=advantages,
-                    returns=returns, values=values, proximal_logprobs=target_logprobs)
-        flat = {key: value.reshape(layout.steps, *value.shape[2:]) for key, value in flat.items()}
+        batch = {**b, **va.estimate_advantages(agent, b, script_args)}
+        flat = {key: batch[key].reshape(layout.steps, *batch[key].shape[2:])
+                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values", "proximal_logprobs")}
         for _ in range(script_args.update_epochs):
             indices = torch.randperm(layout.steps, generator=generator)
             for start in range(0, layout.steps, script_args.minibatch_size):

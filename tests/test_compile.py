@@ -80,19 +80,36 @@ def test_compiled_update_agrees_with_eager(module):
     torch._dynamo.reset()
 
 
-def test_a_failed_compile_says_so_and_runs_eagerly(monkeypatch, capsys):
-    def broken(fn, **kwargs):
+def compile_failing_with(monkeypatch, error):
+    """torch.compile replaced by one whose program raises `error` at its first call (where compiling happens)."""
+    def compile(fn, **kwargs):
         def call(*args):
-            raise RuntimeError("InductorError: no working C++ compiler found\n(details)")
+            raise error
         return call
 
-    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(torch, "compile", compile)
+
+
+def test_a_failed_compile_says_so_and_runs_eagerly(monkeypatch, capsys):
+    # what torch.compile raises when its backend cannot build the program (no C++ compiler, say)
+    compile_failing_with(monkeypatch, torch._inductor.exc.InductorError(RuntimeError("no working C++ compiler\n(details)"),
+                                                                        None))
     calls = []
     step = vaco_continuous.compile_train_step(lambda *args: calls.append(args) or "eager", enabled=True)
     assert [step(1), step(2)] == ["eager", "eager"] and calls == [(1,), (2,)]
     out = capsys.readouterr().out
     assert out.count("\n") == 1  # one line, once
-    assert out.startswith("note: torch.compile failed (InductorError: no working C++ compiler found)")
+    assert out.startswith("note: torch.compile failed (RuntimeError: no working C++ compiler)")
+
+
+def test_an_error_of_the_step_itself_is_raised_once(monkeypatch, capsys):
+    # a bug in the loss is not a compile failure: no note, no second (eager) attempt
+    compile_failing_with(monkeypatch, ValueError("shapes do not match"))
+    calls = []
+    step = vaco_continuous.compile_train_step(lambda *args: calls.append(args), enabled=True)
+    with pytest.raises(ValueError, match="shapes do not match"):
+        step(1)
+    assert calls == [] and capsys.readouterr().out == ""
 
 
 def test_the_compiled_run_learns_as_the_eager_one(train, capsys):

@@ -114,7 +114,8 @@ ADVANTAGES = torch.tensor([1.0, 1.0, -1.0, -1.0, 1.0])
 
 def filter_loss(vaco, tv_threshold):
     newlogprob = RATIOS.log().requires_grad_()
-    loss, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, tv_threshold)
+    loss, ratio, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, tv_threshold)
+    torch.testing.assert_close(ratio, RATIOS)  # rho = pi_theta / beta, returned for the statistics
     loss.backward()
     return loss, tv, filtered_fraction, newlogprob.grad
 
@@ -143,7 +144,7 @@ def test_tv_filter_below_threshold_keeps_everything(vaco):
 def test_tv_filter_has_no_ratio_clipping(vaco):
     # far outside PPO's [0.8, 1.2] but on the side that brings pi back to beta: full gradient
     newlogprob = torch.tensor([np.log(3.0)], requires_grad=True)
-    loss, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, torch.zeros(1), torch.tensor([-1.0]), 0.2)
+    loss, _, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, torch.zeros(1), torch.tensor([-1.0]), 0.2)
     loss.backward()
     assert tv.item() == pytest.approx(1.0) and filtered_fraction.item() == 0.0
     assert newlogprob.grad.item() == pytest.approx(3.0)
@@ -156,8 +157,8 @@ def test_tv_filter_against_the_behaviour_policy_by_default(vaco):
     explicit = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, 0.1, reference_logprob=torch.zeros(5))
     explicit[0].backward()
     loss, tv, filtered_fraction, grad = filter_loss(vaco, tv_threshold=0.1)
-    assert explicit[0].item() == loss.item() and explicit[1].item() == tv.item()
-    assert explicit[2].item() == filtered_fraction.item()
+    assert explicit[0].item() == loss.item() and explicit[2].item() == tv.item()
+    assert explicit[3].item() == filtered_fraction.item()
     torch.testing.assert_close(newlogprob.grad, grad)
 
 
@@ -171,7 +172,7 @@ def test_tv_filter_against_the_proximal_policy(vaco):
     advantages = torch.ones(4)
     for reference, tv_expected, filtered_expected in [(None, 0.25, 1.0), (proximal, 0.125, 0.0)]:
         newlogprob = torch.full((4,), np.log(1.5), requires_grad=True)
-        loss, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, behaviour, advantages, 0.1, reference)
+        loss, _, tv, filtered_fraction = vaco.vaco_policy_loss(newlogprob, behaviour, advantages, 0.1, reference)
         loss.backward()
         assert tv.item() == pytest.approx(tv_expected)
         assert filtered_fraction.item() == filtered_expected
@@ -186,7 +187,7 @@ ABLATIONS = {
     "default": {},
     "no-advantage-alignment": dict(advantage_alignment=False),
     "no-tv-filter": dict(tv_filter=False),
-    "proximal-realign": dict(tv_reference="proximal", realign_every_epoch=True),
+    "proximal": dict(tv_reference="proximal"),
 }
 
 

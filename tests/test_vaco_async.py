@@ -439,7 +439,7 @@ def test_a_send_is_waited_on_once_when_both_threads_answer(monkeypatch):
 
     monkeypatch.setattr(vaco_async.dist, "isend", lambda *args, **kwargs: Work())
     comm = vaco_async.LearnerComm([1], vaco_async.SegmentLayout(2, 1, 3, 1), 2, False, 0, torch.zeros(1))
-    comm.reply(1)  # the initial policy: the reply and the weights (sends 0 and 1)
+    comm.reply(1)  # the initial policy (send 0)
     comm.unanswered.add(1)  # its segment arrived
     stopping = threading.Thread(target=comm.stop)
     stopping.start()
@@ -448,7 +448,7 @@ def test_a_send_is_waited_on_once_when_both_threads_answer(monkeypatch):
     gate.set()
     stopping.join(5)
     comm.wait_told()
-    assert len(works) == 3 and max(waits.values()) == 1 and comm.told == {1} and comm.stopped == {1}
+    assert len(works) == 2 and max(waits.values()) == 1 and comm.told == {1} and comm.stopped == {1}
 
 
 def test_a_silent_actor_is_dismissed_and_the_run_goes_on(launch, tmp_path):

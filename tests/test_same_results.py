@@ -1,0 +1,178 @@
+"""Same seed, same flags, same numbers: each script's per-update losses and episodic returns over two
+tiny updates, against the numbers these scripts gave when they were recorded (stored below, compared
+exactly). A refactor that moves any of them (a reordered sum, a statistic computed another way) fails
+here. The cases are the study's algorithms (benchmark/study.py), with lag and a large step so that
+stale snapshots, V-trace's ratios, PPO's clip and VACO's filter all act. The numbers hold for the
+eager update on this CPU build of PyTorch; another machine or version may round differently."""
+
+import pytest
+
+import ppo_continuous
+import spo_continuous
+import vaco_continuous
+from conftest import TINY, cli_flags
+from test_vaco_async import launch, run_scalars, script  # noqa: F401 (launch: a fixture)
+
+SHARED = dict(seed=1, policy_buffer=2, learning_rate=3e-3)
+CASES = {  # name -> (module, overrides)
+    "ppo": (ppo_continuous, {}),
+    "ppo-kl": (ppo_continuous, dict(kl_coef=0.1)),
+    "spo": (spo_continuous, {}),
+    "vaco": (vaco_continuous, dict(tv_threshold=0.01)),
+    "vaco-proximal": (vaco_continuous, dict(tv_threshold=0.01, tv_reference="proximal")),
+    "vaco-noalign": (vaco_continuous, dict(tv_threshold=0.01, advantage_alignment=False)),
+    "vaco-nofilter": (vaco_continuous, dict(tv_filter=False)),
+    "vaco-none": (vaco_continuous, dict(advantage_alignment=False, tv_filter=False, clip_vloss=True)),
+}
+# vaco_async.py: its deterministic mode, two actor processes (each one env of the layout)
+ASYNC = dict(seed=1, learning_rate=3e-3, tv_threshold=0.01, sync=True, num_actors=2)
+
+
+def compared(scalars):
+    """The numbers a run is held to: every loss and statistic of each update, and every episode's return."""
+    return {tag: values for tag, values in scalars.items() if tag.startswith("losses/")
+            or tag == "charts/episodic_return"}
+
+
+RECORDED = {'ppo': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                               5.832671165466309, 6.979803085327148, 39.461334228515625,
+                                               17.567346572875977, 12.187420845031738, 12.441388130187988,
+                                               5.22285270690918, 8.74858570098877, 28.785667419433594,
+                                               7.5674824714660645, 19.89096450805664],
+                    'losses/policy_loss': [-0.024225549772381783, 0.023421475663781166],
+                    'losses/value_loss': [3.7902305126190186, 0.3314330577850342],
+                    'losses/entropy': [4.240029811859131, 4.211764335632324],
+                    'losses/old_approx_kl': [0.01910901442170143, 0.011269412003457546],
+                    'losses/approx_kl': [0.009780367836356163, 0.018113430589437485],
+                    'losses/clipfrac': [0.1328125, 0.22265625],
+                    'losses/tv_divergence': [0.04204963147640228, 0.060273535549640656],
+                    'losses/explained_variance': [0.00014418363571166992, -0.6906436681747437]},
+            'ppo-kl': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                                  5.832671165466309, 6.979803085327148, 39.461334228515625,
+                                                  17.56848907470703, 12.175104141235352, 12.441402435302734,
+                                                  5.22285795211792, 8.74858283996582, 28.77621078491211,
+                                                  7.549198150634766, 19.890838623046875],
+                       'losses/policy_loss': [-0.02428320422768593, 0.022118983790278435],
+                       'losses/value_loss': [3.790222406387329, 0.3314100205898285],
+                       'losses/entropy': [4.240086078643799, 4.21262788772583],
+                       'losses/old_approx_kl': [0.019078707322478294, 0.010289114899933338],
+                       'losses/approx_kl': [0.009677153080701828, 0.01741487719118595],
+                       'losses/clipfrac': [0.12890625, 0.21484375],
+                       'losses/tv_divergence': [0.041828952729701996, 0.05916577950119972],
+                       'losses/explained_variance': [0.00014418363571166992, -0.6966643333435059]},
+            'spo': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                               5.832671165466309, 6.979803085327148, 39.461326599121094,
+                                               17.04224967956543, 10.785552978515625, 12.440720558166504,
+                                               5.222631931304932, 11.139580726623535, 8.747393608093262,
+                                               14.270588874816895, 19.861732482910156],
+                    'losses/policy_loss': [-0.005499099846929312, 0.036141227930784225],
+                    'losses/value_loss': [3.7906553745269775, 0.26158085465431213],
+                    'losses/entropy': [4.241288661956787, 4.218434810638428],
+                    'losses/old_approx_kl': [0.012526417151093483, -0.001173204742372036],
+                    'losses/approx_kl': [0.005194437690079212, 0.005610610358417034],
+                    'losses/clipfrac': [0.06640625, 0.06640625],
+                    'losses/tv_divergence': [0.032521847635507584, 0.03526175022125244],
+                    'losses/explained_variance': [0.00014418363571166992, -0.8624112606048584]},
+            'vaco': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                                5.832671165466309, 6.979803085327148, 39.46132278442383,
+                                                15.205183029174805, 9.166349411010742, 12.439238548278809,
+                                                5.22202205657959, 9.24256420135498, 8.745349884033203,
+                                                14.831626892089844, 19.83893585205078],
+                     'losses/policy_loss': [-0.020448947325348854, -0.007852021604776382],
+                     'losses/value_loss': [3.409543514251709, 0.1376722753047943],
+                     'losses/entropy': [4.251241207122803, 4.244699001312256],
+                     'losses/old_approx_kl': [0.013141043484210968, 0.00317553523927927],
+                     'losses/approx_kl': [0.002992494497448206, 0.0019086275715380907],
+                     'losses/clipfrac': [0.03515625, 0.01953125],
+                     'losses/tv_divergence': [0.025260858237743378, 0.021024104207754135],
+                     'losses/filtered_fraction': [0.484375, 0.52734375],
+                     'losses/filter_on_fraction': [0.875, 1.0],
+                     'losses/filter_tv': [0.025260858237743378, 0.021024104207754135],
+                     'losses/explained_variance': [0.00014418363571166992, -0.013797283172607422]},
+            'vaco-proximal': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                                         5.832671165466309, 6.979803085327148, 39.46132278442383,
+                                                         15.205183029174805, 9.166349411010742, 12.439238548278809,
+                                                         5.22202205657959, 9.24256420135498, 8.745349884033203,
+                                                         14.831626892089844, 19.83893585205078],
+                              'losses/policy_loss': [-0.020448947325348854, -0.007789729628711939],
+                              'losses/value_loss': [3.409543514251709, 0.138225719332695],
+                              'losses/entropy': [4.251241207122803, 4.244326591491699],
+                              'losses/old_approx_kl': [0.013141043484210968, 0.005440979264676571],
+                              'losses/approx_kl': [0.002992494497448206, 0.002651221351698041],
+                              'losses/clipfrac': [0.03515625, 0.02734375],
+                              'losses/tv_divergence': [0.025260858237743378, 0.024261310696601868],
+                              'losses/filtered_fraction': [0.484375, 0.3046875],
+                              'losses/filter_on_fraction': [0.875, 0.5],
+                              'losses/filter_tv': [0.025260858237743378, 0.00959493312984705],
+                              'losses/explained_variance': [0.00014418363571166992, -0.013797283172607422]},
+            'vaco-noalign': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                                        5.832671165466309, 6.979803085327148, 39.46132278442383,
+                                                        15.205183029174805, 9.166349411010742, 12.439238548278809,
+                                                        5.22202205657959, 9.24256420135498, 8.745349884033203,
+                                                        14.831626892089844, 19.83893585205078],
+                             'losses/policy_loss': [-0.02044895477592945, -0.007889790460467339],
+                             'losses/value_loss': [3.409543514251709, 0.14639143645763397],
+                             'losses/entropy': [4.251241207122803, 4.244663715362549],
+                             'losses/old_approx_kl': [0.013141044415533543, 0.0032324809581041336],
+                             'losses/approx_kl': [0.002992494497448206, 0.0019009625539183617],
+                             'losses/clipfrac': [0.03515625, 0.01953125],
+                             'losses/tv_divergence': [0.025260858237743378, 0.02103891596198082],
+                             'losses/filtered_fraction': [0.484375, 0.5234375],
+                             'losses/filter_on_fraction': [0.875, 1.0],
+                             'losses/filter_tv': [0.025260858237743378, 0.02103891596198082],
+                             'losses/explained_variance': [0.00014418363571166992, -0.07621192932128906]},
+            'vaco-nofilter': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                                         5.832671165466309, 6.979803085327148, 39.461334228515625,
+                                                         17.533823013305664, 12.168790817260742, 12.4413480758667,
+                                                         5.222840309143066, 8.748591423034668, 28.766611099243164,
+                                                         7.579799175262451, 19.8908634185791],
+                              'losses/policy_loss': [-0.0243697389960289, 0.0010509237181395292],
+                              'losses/value_loss': [3.410322904586792, 0.1984252631664276],
+                              'losses/entropy': [4.23986291885376, 4.21024227142334],
+                              'losses/old_approx_kl': [0.019955335184931755, 0.012689781375229359],
+                              'losses/approx_kl': [0.009896334260702133, 0.020526593551039696],
+                              'losses/clipfrac': [0.13671875, 0.2578125],
+                              'losses/tv_divergence': [0.042397432029247284, 0.06628680974245071],
+                              'losses/explained_variance': [0.00014418363571166992, 0.3026511073112488]},
+            'vaco-none': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                                     5.832671165466309, 6.979803085327148, 39.461334228515625,
+                                                     17.567346572875977, 12.187420845031738, 12.441388130187988,
+                                                     5.22285270690918, 8.74858570098877, 28.785667419433594,
+                                                     7.5674824714660645, 19.89096450805664],
+                          'losses/policy_loss': [-0.024225549772381783, 0.023421475663781166],
+                          'losses/value_loss': [3.7902305126190186, 0.3314330577850342],
+                          'losses/entropy': [4.240029811859131, 4.211764335632324],
+                          'losses/old_approx_kl': [0.01910901442170143, 0.011269412003457546],
+                          'losses/approx_kl': [0.009780367836356163, 0.018113430589437485],
+                          'losses/clipfrac': [0.1328125, 0.22265625],
+                          'losses/tv_divergence': [0.04204963147640228, 0.060273535549640656],
+                          'losses/explained_variance': [0.00014418363571166992, -0.6906436681747437]},
+            'vaco_async': {'charts/episodic_return': [7.586205005645752, 10.006794929504395, 12.247400283813477,
+                                                      9.010954856872559, 9.00576400756836, 8.616924285888672,
+                                                      22.438196182250977, 10.655202865600586, 8.429931640625,
+                                                      13.367794036865234, 8.53758430480957, 6.954791069030762],
+                           'losses/policy_loss': [-0.011754866689443588, -0.0013853368582203984],
+                           'losses/value_loss': [2.059863567352295, 0.20142269134521484],
+                           'losses/entropy': [4.25364875793457, 4.247722625732422],
+                           'losses/old_approx_kl': [-0.003327256068587303, 0.005584698170423508],
+                           'losses/approx_kl': [0.003567309118807316, 0.00040334975346922874],
+                           'losses/clipfrac': [0.046875, 0.0],
+                           'losses/tv_divergence': [0.027796676382422447, 0.009383117780089378],
+                           'losses/filtered_fraction': [0.47265625, 0.328125],
+                           'losses/filter_on_fraction': [0.875, 0.625],
+                           'losses/filter_tv': [0.027796676382422447, 0.009383117780089378],
+                           'losses/explained_variance': [-0.026134133338928223, 0.24604398012161255]}}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_numbers_are_those_recorded(name, train):
+    module, overrides = CASES[name]
+    _, scalars = train(module, exp_name=name, **SHARED, **overrides)
+    assert compared(scalars) == RECORDED[name]
+
+
+def test_vaco_async_numbers_are_those_recorded(launch, tmp_path):  # noqa: F811
+    code, out, err = script(launch, *cli_flags(**{**TINY, **ASYNC})).finish(timeout=120)
+    assert code == 0, out + err
+    _, scalars = run_scalars(tmp_path)
+    assert compared(scalars) == RECORDED["vaco_async"]
