@@ -81,23 +81,30 @@ def normalise(score, random_score, reference_score):
     return (score - random_score) / (reference_score - random_score)
 
 
-def ppo_references(runs):
-    """{task: mean final return of PPO at K = 1}, the 1 of the normalised scores."""
-    finals = defaultdict(list)
+def raw_scores(runs):
+    """{(algorithm, k): {task: {seed: {"final", "auc"}}}} of the runs' returns."""
+    raw = defaultdict(lambda: defaultdict(dict))
     for meta, rows in runs:
-        if (meta["algorithm"], meta["k"]) == ("ppo", 1):
-            finals[meta["task"]].append(run_scores(meta, rows)["final"])
-    return {task: float(np.mean(f)) for task, f in finals.items()}
+        raw[(meta["algorithm"], meta["k"])][meta["task"]][meta["seed"]] = run_scores(meta, rows)
+    return raw
+
+
+def reference_scores(raw):
+    """{task: {"final", "auc"}}: synchronous PPO's (K = 1) mean score per task, the 1 of the normalised scores."""
+    return {task: {m: float(np.mean([s[m] for s in seeds.values()])) for m in ("final", "auc")}
+            for task, seeds in raw.get(("ppo", 1), {}).items()}
+
+
+def ppo_references(runs):
+    """{task: mean final return of PPO at K = 1}, what the random policy's precision is measured against."""
+    return {task: scores["final"] for task, scores in reference_scores(raw_scores(runs)).items()}
 
 
 def score_table(runs, randoms):
     """{(algorithm, k): {task: {seed: {"final", "auc"} normalised}}}, plus raw scores alongside.
     Normalised by PPO K=1's mean score of each metric on the task; tasks without it are skipped."""
-    raw = defaultdict(lambda: defaultdict(dict))
-    for meta, rows in runs:
-        raw[(meta["algorithm"], meta["k"])][meta["task"]][meta["seed"]] = run_scores(meta, rows)
-    reference = {task: {m: np.mean([s[m] for s in seeds.values()]) for m in ("final", "auc")}
-                 for task, seeds in raw.get(("ppo", 1), {}).items()}
+    raw = raw_scores(runs)
+    reference = reference_scores(raw)
     normalised = defaultdict(lambda: defaultdict(dict))
     for key, tasks in raw.items():
         for task, seeds in tasks.items():
