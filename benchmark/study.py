@@ -245,6 +245,7 @@ def execute(run, out_dir):
     start = time.time()
     if is_finished(run, out_dir):
         return 0.0
+    move_stale(run, out_dir)
     twin = find_twin(run, out_dir)
     if twin:
         shutil.copyfile(twin + ".csv", os.path.join(out_dir, run.name + ".csv"))
@@ -330,7 +331,6 @@ def main(args: Args):
         while queue or pending:
             while queue and len(pending) < args.jobs:
                 run = queue.pop(0)
-                move_stale(run, out_dir)
                 pending[pool.submit(execute, run, out_dir)] = run
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:

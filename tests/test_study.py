@@ -311,11 +311,22 @@ def test_a_run_that_trains_like_a_finished_one_reuses_its_results(tmp_path):
     assert study.find_twin(other_seed, str(tmp_path)) is None
 
 
-def test_a_run_finished_meanwhile_by_another_process_is_not_trained_again(tmp_path):
+def test_a_run_finished_meanwhile_by_another_process_is_not_trained_again(tmp_path, monkeypatch):
     finished = write_run(str(tmp_path), "Hopper-v4", "ppo", 1, 1, [1.0, 2.0])
     before = (tmp_path / f"{finished.name}.json").read_text()
-    assert study.execute(finished, str(tmp_path)) == 0.0  # nothing trained, nothing rewritten
-    assert (tmp_path / f"{finished.name}.json").read_text() == before
+    # the study lists the run as still to do (another process finishes it after the listing) ...
+    calls, real_is_finished = [], study.is_finished
+
+    def listed_as_to_do(run, out_dir):
+        calls.append(run)
+        return len(calls) > 1 and real_is_finished(run, out_dir)
+
+    monkeypatch.setattr(study, "is_finished", listed_as_to_do)
+    study.main(study.Args(preset="cpu", algorithms=["ppo"], tasks=["Hopper-v4"], ks=[1], seeds=[1],
+                          total_timesteps=finished.steps, out_dir=str(tmp_path), jobs=1))
+    # ... and finds it finished when its turn comes: nothing trained, rewritten or set aside as stale
+    assert len(calls) == 2 and (tmp_path / f"{finished.name}.json").read_text() == before
+    assert not (tmp_path / "stale").exists()
 
 
 def test_study_vaco_is_the_scripts_default():
