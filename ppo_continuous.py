@@ -40,10 +40,6 @@ class Args:
     """the name of this experiment (part of the run name)"""
     seed: int = 1
     """seed of the experiment: same seed, machine and flags give the same returns"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = False
-    """run the networks on CUDA if available; off because 64-unit MLPs run faster on the CPU"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "vaco"
@@ -292,7 +288,7 @@ class PolicyBuffer:
         self.push(actor)
 
     def push(self, actor):
-        self.snapshots.append(copy.deepcopy(actor).cpu().requires_grad_(False))  # actors act on the CPU
+        self.snapshots.append(copy.deepcopy(actor).requires_grad_(False))
 
     def sample_ages(self, num_actors, rng):
         """Each actor draws one snapshot uniformly among those held (fewer than K early on); `act`
@@ -419,7 +415,7 @@ def minibatch_loss(params, agent, mb, args):
 # --8<-- [start:train_step]
 def adam_state(params):
     """Adam's state for `params`: the step count t and the moment estimates m and v."""
-    return {"step": torch.zeros((), device=next(iter(params.values())).device),
+    return {"step": torch.zeros(()),
             "exp_avg": {name: torch.zeros_like(p) for name, p in params.items()},
             "exp_avg_sq": {name: torch.zeros_like(p) for name, p in params.items()}}
 
@@ -586,17 +582,15 @@ def main(args: Args):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
     generator = torch.Generator().manual_seed(args.seed)  # minibatch order
     action_generator = torch.Generator().manual_seed(args.seed + 1)  # the actors' action noise
     lag_rng = np.random.default_rng(args.seed)  # which snapshot each actor draws
 
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    agent = Agent(obs_dim, act_dim).to(device)
+    agent = Agent(obs_dim, act_dim)
     params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
     adam = adam_state(params)
-    lr = torch.tensor(args.learning_rate, device=device)
+    lr = torch.tensor(args.learning_rate)
     update = compile_train_step(functools.partial(train_step, agent=agent, args=args), args.compile)
     policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
     obs_rms = RunningMeanStd((obs_dim,))
@@ -676,7 +670,7 @@ def main(args: Args):
                     writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
         # --8<-- [end:rollout]
 
-        b = {key: torch.as_tensor(value, device=device) for key, value in rollout.items()}
+        b = {key: torch.as_tensor(value) for key, value in rollout.items()}
         b.update(estimate_advantages(agent, b, args))
         # Backward lag: how far the learner already is from the behaviour policies, before any step.
         start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
@@ -701,7 +695,7 @@ def main(args: Args):
         # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
         policy_buffer.push(agent.actor)
 
-        y_pred, y_true = b["values"].cpu().numpy().ravel(), b["returns"].cpu().numpy().ravel()
+        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 

@@ -60,10 +60,6 @@ class Args:
     """the name of this experiment (part of the run name)"""
     seed: int = 1
     """seed of the experiment: with `--sync`, same seed, machine and flags give the same returns"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = False
-    """run the learner's networks on CUDA if available; off because 64-unit MLPs run faster on the CPU"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "vaco"
@@ -503,7 +499,7 @@ def minibatch_loss(params, agent, mb, args):
 # --8<-- [start:train_step]
 def adam_state(params):
     """Adam's state for `params`: the step count t and the moment estimates m and v."""
-    return {"step": torch.zeros((), device=next(iter(params.values())).device),
+    return {"step": torch.zeros(()),
             "exp_avg": {name: torch.zeros_like(p) for name, p in params.items()},
             "exp_avg_sq": {name: torch.zeros_like(p) for name, p in params.items()}}
 
@@ -688,7 +684,7 @@ def pack_policy(actor, obs_rms):
     """What an actor needs to act, as one new tensor: the actor's parameters and the observation
     statistics, together under one version (with other statistics the behaviour log-probs would
     not be those of the policy the learner evaluates)."""
-    parameters = nn.utils.parameters_to_vector(actor.parameters()).detach().cpu().double()
+    parameters = nn.utils.parameters_to_vector(actor.parameters()).detach().double()
     return torch.cat([parameters, torch.as_tensor(np.concatenate([obs_rms.mean, obs_rms.var, [obs_rms.count]]))])
 
 
@@ -1184,16 +1180,14 @@ def main(args: Args):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
     generator = torch.Generator().manual_seed(args.seed)  # minibatch order
     rng_states, actor_stats = {}, {}  # per actor: its noise generator after its last segment; its steps and waiting
 
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    agent = Agent(obs_dim, act_dim).to(device)
+    agent = Agent(obs_dim, act_dim)
     params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
     adam = adam_state(params)
-    lr = torch.tensor(args.learning_rate, device=device)
+    lr = torch.tensor(args.learning_rate)
     update = compile_train_step(functools.partial(train_step, agent=agent, args=args), args.compile)
     obs_rms = RunningMeanStd((obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)  # all envs; each actor's are a slice
@@ -1264,8 +1258,7 @@ def main(args: Args):
         global_step, used, dropped = global_step + args.batch_size, used + len(batch), dropped + len(segments) - len(batch)
 
         # Segments side by side: [T, n, ...] each -> [T, N, ...]
-        b = {key: torch.as_tensor(np.concatenate([segment[key] for segment in batch], axis=1), dtype=torch.float32,
-                                  device=device)
+        b = {key: torch.as_tensor(np.concatenate([segment[key] for segment in batch], axis=1), dtype=torch.float32)
              for key in ("obs", "next_obs", "actions", "logprobs", "rewards", "terminations", "dones")}
         # --8<-- [end:batch]
         b.update(estimate_advantages(agent, b, args))
@@ -1295,7 +1288,7 @@ def main(args: Args):
         version += 1
         comm.publish(version, pack_policy(agent.actor, obs_rms))
 
-        y_pred, y_true = b["values"].cpu().numpy().ravel(), b["returns"].cpu().numpy().ravel()
+        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
