@@ -574,16 +574,6 @@ def load_checkpoint(path):
         sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
 
 
-def load_adam_state(adam, saved):
-    """Copy a checkpoint's Adam state into `adam` (in place: the update step holds these tensors)."""
-    adam["step"].copy_(saved["step"])
-    for moment in ("exp_avg", "exp_avg_sq"):
-        if saved[moment].keys() != adam[moment].keys():
-            raise KeyError(f"its optimizer state holds {sorted(saved[moment])}, not {sorted(adam[moment])}")
-        for name, value in saved[moment].items():
-            adam[moment][name].copy_(value)
-
-
 def load_agent(path, obs_dim, act_dim):
     checkpoint = load_checkpoint(path)
     agent = Agent(obs_dim, act_dim)
@@ -1203,9 +1193,9 @@ def main(args: Args):
     if checkpoint:
         try:
             agent.load_state_dict(checkpoint["agent"])
-            load_adam_state(adam, checkpoint["optimizer"])
         except (RuntimeError, ValueError, KeyError) as error:
             sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+        adam = checkpoint["optimizer"]  # saved with that agent, so it fits; the update step takes it as an argument
         obs_rms.load_state_dict(checkpoint["obs_rms"])
         reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
         generator.set_state(checkpoint["generator"])
