@@ -324,6 +324,34 @@ class PolicyBuffer:
 # --8<-- [end:lag_simulator]
 
 
+# --8<-- [start:rollout]
+def collect_rollout(envs, policy_buffer, obs_rms, reward_scaler, current_obs, rollout, generator):
+    """Step the envs `num_steps` times, each actor with the snapshot it drew (observation statistics
+    updated at every step), writing the transitions into `rollout`. Returns the normalised
+    observation to continue from and the episodes that ended: (return, length, step)."""
+    episodes = []
+    for step in range(rollout["obs"].shape[0]):
+        rollout["obs"][step] = current_obs
+        action, logprob = policy_buffer.act(torch.as_tensor(current_obs), generator)
+        rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
+
+        raw_obs, reward, termination, truncation, infos = envs.step(
+            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
+        )
+        done = termination | truncation
+        rollout["rewards"][step] = reward_scaler(reward, done)
+        rollout["terminations"][step], rollout["dones"][step] = termination, done
+        obs_rms.update(raw_obs)
+        current_obs = normalize_obs(raw_obs, obs_rms)
+        rollout["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
+                                     else current_obs)
+        if done.any():
+            for i in np.flatnonzero(infos["_episode"]):
+                episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
+    return current_obs, episodes
+# --8<-- [end:rollout]
+
+
 # --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
@@ -631,34 +659,17 @@ def main(args: Args):
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lr.fill_(frac * args.learning_rate)
 
-        # --8<-- [start:rollout]
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
         writer.add_scalar("charts/policy_lag_mean", ages.mean(), global_step)
         writer.add_scalar("charts/policy_lag_max", ages.max(), global_step)
-
-        for step in range(0, args.num_steps):
-            global_step += args.num_envs
-            rollout["obs"][step] = current_obs
-            action, logprob = policy_buffer.act(torch.as_tensor(current_obs), action_generator)
-            rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
-
-            raw_obs, reward, termination, truncation, infos = envs.step(
-                np.clip(rollout["actions"][step], envs.single_action_space.low, envs.single_action_space.high)
-            )
-            done = termination | truncation
-            rollout["rewards"][step] = reward_scaler(reward, done)
-            rollout["terminations"][step], rollout["dones"][step] = termination, done
-            obs_rms.update(raw_obs)
-            current_obs = normalize_obs(raw_obs, obs_rms)
-            rollout["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
-                                         else current_obs)
-            if done.any():
-                for i in np.flatnonzero(infos["_episode"]):
-                    recent_returns.append(float(infos["episode"]["r"][i]))
-                    writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
-                    writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
-        # --8<-- [end:rollout]
+        current_obs, episodes = collect_rollout(envs, policy_buffer, obs_rms, reward_scaler, current_obs, rollout,
+                                                action_generator)
+        for ret, length, step in episodes:
+            recent_returns.append(ret)  # logged at the step that ended it
+            writer.add_scalar("charts/episodic_return", ret, global_step + (step + 1) * args.num_envs)
+            writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
+        global_step += args.batch_size
 
         b = {key: torch.as_tensor(value) for key, value in rollout.items()}
         b.update(estimate_advantages(agent, b, args))

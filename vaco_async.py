@@ -340,6 +340,35 @@ def act(actor, obs, generator):
     return action, gaussian_logprob(action, mean, logstd)
 
 
+# --8<-- [start:rollout]
+def collect_rollout(envs, actor, obs_rms, current_obs, rollout, generator):
+    """Step the envs `num_steps` times with `actor` (observation statistics updated at every step),
+    writing the transitions into `rollout` (a segment's fields) with the raw rewards and observations
+    and the episodes that ended. Returns the normalised observation to continue from."""
+    rollout["episode_returns"][:] = rollout["episode_lengths"][:] = 0.0
+    for step in range(rollout["obs"].shape[0]):
+        rollout["obs"][step] = current_obs
+        action, logprob = act(actor, torch.as_tensor(current_obs), generator)
+        rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
+
+        raw_obs, reward, termination, truncation, infos = envs.step(
+            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
+        )
+        done = termination | truncation
+        rollout["rewards"][step], rollout["raw_obs"][step] = reward, raw_obs  # the learner scales and folds them in
+        rollout["terminations"][step], rollout["dones"][step] = termination, done
+        obs_rms.update(raw_obs)
+        current_obs = normalize_obs(raw_obs, obs_rms)
+        rollout["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
+                                     else current_obs)
+        if done.any():
+            for i in np.flatnonzero(infos["_episode"]):
+                rollout["episode_returns"][step, i] = infos["episode"]["r"][i]
+                rollout["episode_lengths"][step, i] = infos["episode"]["l"][i]
+    return current_obs
+# --8<-- [end:rollout]
+
+
 # --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
@@ -689,36 +718,6 @@ def unpack_policy(weights, actor, obs_rms):
 
 # --- Actors -------------------------------------------------------------------------------------
 
-# --8<-- [start:collect_segment]
-@torch.inference_mode()
-def collect_segment(envs, actor, obs_rms, current_obs, segment, generator):
-    """Step the envs `num_steps` times with `actor` as vaco_continuous.py's rollout does (observation
-    statistics updated at every step), writing the transitions into `segment`. Returns the
-    normalised observation to continue from."""
-    segment["episode_returns"][:] = segment["episode_lengths"][:] = 0.0
-    for step in range(segment["obs"].shape[0]):
-        segment["obs"][step] = current_obs
-        action, logprob = act(actor, torch.as_tensor(current_obs), generator)
-        segment["actions"][step], segment["logprobs"][step] = action.numpy(), logprob.numpy()
-
-        raw_obs, reward, termination, truncation, infos = envs.step(
-            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
-        )
-        done = termination | truncation
-        segment["rewards"][step], segment["terminations"][step], segment["dones"][step] = reward, termination, done
-        segment["raw_obs"][step] = raw_obs
-        obs_rms.update(raw_obs)
-        current_obs = normalize_obs(raw_obs, obs_rms)
-        segment["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
-                                     else current_obs)
-        if done.any():
-            for i in np.flatnonzero(infos["_episode"]):
-                segment["episode_returns"][step, i] = infos["episode"]["r"][i]
-                segment["episode_lengths"][step, i] = infos["episode"]["l"][i]
-    return current_obs
-# --8<-- [end:collect_segment]
-
-
 # --8<-- [start:run_actor]
 def run_actor(rank, args, run_name, rng_state=None):
     """One actor: wait for the answer to its last segment (the first time: the initial policy),
@@ -753,7 +752,7 @@ def run_actor(rank, args, run_name, rng_state=None):
             segment["reset_obs"][:] = raw_obs
             obs_rms.update(raw_obs)
             current_obs = normalize_obs(raw_obs, obs_rms)
-        current_obs = collect_segment(envs, actor, obs_rms, current_obs, segment, generator)
+        current_obs = collect_rollout(envs, actor, obs_rms, current_obs, segment, generator)
         segment["rank"][:], segment["index"][:], segment["version"][:] = rank, index, version
         segment["wait_time"][:], segment["run_time"][:] = wait_time, time.time() - start
         segment["rng_state"][:] = generator.get_state().numpy()
@@ -1236,11 +1235,13 @@ def main(args: Args):
         learner_wait += time.perf_counter() - waiting_since
         if stopped:
             break
+        episodes = []
         for segment in segments:
-            for ret, length, step in absorb_segment(segment, reward_scaler, obs_rms, rng_states, actor_stats):
-                recent_returns.append(ret)  # logged at the step vaco_continuous.py would log it:
-                writer.add_scalar("charts/episodic_return", ret, global_step + (step + 1) * args.num_envs)
-                writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
+            episodes += absorb_segment(segment, reward_scaler, obs_rms, rng_states, actor_stats)
+        for ret, length, step in episodes:
+            recent_returns.append(ret)  # logged at the step that ended it
+            writer.add_scalar("charts/episodic_return", ret, global_step + (step + 1) * args.num_envs)
+            writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
         lags = [version - int(segment["version"][0]) for segment in batch]  # the others are dropped: too old
         writer.add_scalar("charts/policy_lag_mean", np.mean(lags), global_step)
         writer.add_scalar("charts/policy_lag_max", max(lags), global_step)
