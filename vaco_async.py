@@ -14,12 +14,19 @@ through torch.distributed (gloo backend, CPU tensors, point-to-point after start
 
 A segment waits in the queue while the learner trains, so it can be several versions old when it
 is used: its lag = learner version at use - the version that acted. A full queue holds the next
-reply back, so the actors wait: that bounds the lag. VACO answers the lag as in
-``vaco_continuous.py``: V-trace advantages of the learner's policy pi_T (advantage alignment), and
-per minibatch, once TV(pi_theta, beta) ~ 1/2 mean|rho - 1| exceeds delta, no gradient from the
-samples whose update would move pi_theta further from beta (TV filtering). Everything but acting
-is that script's: ``diff vaco_continuous.py vaco_async.py`` shows the distributed machinery, and
-``--sync --num-actors 1`` trains exactly as ``vaco_continuous.py --policy-buffer 1``.
+reply back, so the actors wait: that bounds the lag. VACO answers the two kinds of lag:
+
+1. Advantage alignment (backward lag: the learner pi_T already differs from the behaviour policy
+   beta that acted). Once per update, before any gradient step, V-trace estimates the advantages
+   of pi_T from beta's data, with clipped importance ratios; the critic regresses on V-trace targets.
+2. TV filtering (forward lag: pi_theta drifts from beta over many minibatch steps). Per minibatch,
+   TV(pi_theta, beta) ~ 1/2 mean|rho - 1|, rho = pi_theta/beta. Above a threshold delta, every
+   sample whose update would increase the divergence (A and rho - 1 of the same sign) has its gradient
+   detached. No ratio clipping.
+
+Everything but acting is ``vaco_continuous.py``'s: ``diff vaco_continuous.py vaco_async.py`` shows
+the distributed machinery, and ``--sync --num-actors 1`` trains exactly as
+``vaco_continuous.py --policy-buffer 1``.
 
     python vaco_async.py --env-id Ant-v4 --num-actors 2    # the learner and 2 actor processes, here
     python vaco_async.py --env-id Hopper-v4 --sync          # lag 0 by construction (the baseline)
