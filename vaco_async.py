@@ -14,12 +14,19 @@ through torch.distributed (gloo backend, CPU tensors, point-to-point after start
 
 A segment waits in the queue while the learner trains, so it can be several versions old when it
 is used: its lag = learner version at use - the version that acted. A full queue holds the next
-reply back, so the actors wait: that bounds the lag. VACO answers the lag as in
-``vaco_continuous.py``: V-trace advantages of the learner's policy pi_T (advantage alignment), and
-per minibatch, once TV(pi_theta, beta) ~ 1/2 mean|rho - 1| exceeds delta, no gradient from the
-samples whose update would move pi_theta further from beta (TV filtering). Everything but acting
-is that script's: ``diff vaco_continuous.py vaco_async.py`` shows the distributed machinery, and
-``--sync --num-actors 1`` trains exactly as ``vaco_continuous.py --policy-buffer 1``.
+reply back, so the actors wait: that bounds the lag. VACO answers the two kinds of lag:
+
+1. Advantage alignment (backward lag: the learner pi_T already differs from the behaviour policy
+   beta that acted). Once per update, before any gradient step, V-trace estimates the advantages
+   of pi_T from beta's data, with clipped importance ratios; the critic regresses on V-trace targets.
+2. TV filtering (forward lag: pi_theta drifts from beta over many minibatch steps). Per minibatch,
+   TV(pi_theta, beta) ~ 1/2 mean|rho - 1|, rho = pi_theta/beta. Above a threshold delta, every
+   sample whose update would increase the divergence (A and rho - 1 of the same sign) has its gradient
+   detached. No ratio clipping.
+
+Everything but acting is ``vaco_continuous.py``'s: ``diff vaco_continuous.py vaco_async.py`` shows
+the distributed machinery, and ``--sync --num-actors 1`` trains exactly as
+``vaco_continuous.py --policy-buffer 1``.
 
     python vaco_async.py --env-id Ant-v4 --num-actors 2    # the learner and 2 actor processes, here
     python vaco_async.py --env-id Hopper-v4 --sync          # lag 0 by construction (the baseline)
@@ -60,10 +67,6 @@ class Args:
     """the name of this experiment (part of the run name)"""
     seed: int = 1
     """seed of the experiment: with `--sync`, same seed, machine and flags give the same returns"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = False
-    """run the learner's networks on CUDA if available; off because 64-unit MLPs run faster on the CPU"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "vaco"
@@ -344,6 +347,35 @@ def act(actor, obs, generator):
     return action, gaussian_logprob(action, mean, logstd)
 
 
+# --8<-- [start:rollout]
+def collect_rollout(envs, actor, obs_rms, current_obs, rollout, generator):
+    """Step the envs `num_steps` times with `actor` (observation statistics updated at every step),
+    writing the transitions into `rollout` (a segment's fields) with the raw rewards and observations
+    and the episodes that ended. Returns the normalised observation to continue from."""
+    rollout["episode_returns"][:] = rollout["episode_lengths"][:] = 0.0
+    for step in range(rollout["obs"].shape[0]):
+        rollout["obs"][step] = current_obs
+        action, logprob = act(actor, torch.as_tensor(current_obs), generator)
+        rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
+
+        raw_obs, reward, termination, truncation, infos = envs.step(
+            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
+        )
+        done = termination | truncation
+        rollout["rewards"][step], rollout["raw_obs"][step] = reward, raw_obs  # the learner scales and folds them in
+        rollout["terminations"][step], rollout["dones"][step] = termination, done
+        obs_rms.update(raw_obs)
+        current_obs = normalize_obs(raw_obs, obs_rms)
+        rollout["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
+                                     else current_obs)
+        if done.any():
+            for i in np.flatnonzero(infos["_episode"]):
+                rollout["episode_returns"][step, i] = infos["episode"]["r"][i]
+                rollout["episode_lengths"][step, i] = infos["episode"]["l"][i]
+    return current_obs
+# --8<-- [end:rollout]
+
+
 # --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
@@ -503,7 +535,7 @@ def minibatch_loss(params, agent, mb, args):
 # --8<-- [start:train_step]
 def adam_state(params):
     """Adam's state for `params`: the step count t and the moment estimates m and v."""
-    return {"step": torch.zeros((), device=next(iter(params.values())).device),
+    return {"step": torch.zeros(()),
             "exp_avg": {name: torch.zeros_like(p) for name, p in params.items()},
             "exp_avg_sq": {name: torch.zeros_like(p) for name, p in params.items()}}
 
@@ -576,16 +608,6 @@ def load_checkpoint(path):
                  "(a pickled object, which could run code)")
     except Exception as error:  # a truncated or foreign file
         sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
-
-
-def load_adam_state(adam, saved):
-    """Copy a checkpoint's Adam state into `adam` (in place: the update step holds these tensors)."""
-    adam["step"].copy_(saved["step"])
-    for moment in ("exp_avg", "exp_avg_sq"):
-        if saved[moment].keys() != adam[moment].keys():
-            raise KeyError(f"its optimizer state holds {sorted(saved[moment])}, not {sorted(adam[moment])}")
-        for name, value in saved[moment].items():
-            adam[moment][name].copy_(value)
 
 
 def load_agent(path, obs_dim, act_dim):
@@ -688,7 +710,7 @@ def pack_policy(actor, obs_rms):
     """What an actor needs to act, as one new tensor: the actor's parameters and the observation
     statistics, together under one version (with other statistics the behaviour log-probs would
     not be those of the policy the learner evaluates)."""
-    parameters = nn.utils.parameters_to_vector(actor.parameters()).detach().cpu().double()
+    parameters = nn.utils.parameters_to_vector(actor.parameters()).detach().double()
     return torch.cat([parameters, torch.as_tensor(np.concatenate([obs_rms.mean, obs_rms.var, [obs_rms.count]]))])
 
 
@@ -702,36 +724,6 @@ def unpack_policy(weights, actor, obs_rms):
 
 
 # --- Actors -------------------------------------------------------------------------------------
-
-# --8<-- [start:collect_segment]
-@torch.inference_mode()
-def collect_segment(envs, actor, obs_rms, current_obs, segment, generator):
-    """Step the envs `num_steps` times with `actor` as vaco_continuous.py's rollout does (observation
-    statistics updated at every step), writing the transitions into `segment`. Returns the
-    normalised observation to continue from."""
-    segment["episode_returns"][:] = segment["episode_lengths"][:] = 0.0
-    for step in range(segment["obs"].shape[0]):
-        segment["obs"][step] = current_obs
-        action, logprob = act(actor, torch.as_tensor(current_obs), generator)
-        segment["actions"][step], segment["logprobs"][step] = action.numpy(), logprob.numpy()
-
-        raw_obs, reward, termination, truncation, infos = envs.step(
-            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
-        )
-        done = termination | truncation
-        segment["rewards"][step], segment["terminations"][step], segment["dones"][step] = reward, termination, done
-        segment["raw_obs"][step] = raw_obs
-        obs_rms.update(raw_obs)
-        current_obs = normalize_obs(raw_obs, obs_rms)
-        segment["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
-                                     else current_obs)
-        if done.any():
-            for i in np.flatnonzero(infos["_episode"]):
-                segment["episode_returns"][step, i] = infos["episode"]["r"][i]
-                segment["episode_lengths"][step, i] = infos["episode"]["l"][i]
-    return current_obs
-# --8<-- [end:collect_segment]
-
 
 # --8<-- [start:run_actor]
 def run_actor(rank, args, run_name, rng_state=None):
@@ -767,7 +759,7 @@ def run_actor(rank, args, run_name, rng_state=None):
             segment["reset_obs"][:] = raw_obs
             obs_rms.update(raw_obs)
             current_obs = normalize_obs(raw_obs, obs_rms)
-        current_obs = collect_segment(envs, actor, obs_rms, current_obs, segment, generator)
+        current_obs = collect_rollout(envs, actor, obs_rms, current_obs, segment, generator)
         segment["rank"][:], segment["index"][:], segment["version"][:] = rank, index, version
         segment["wait_time"][:], segment["run_time"][:] = wait_time, time.time() - start
         segment["rng_state"][:] = generator.get_state().numpy()
@@ -1184,16 +1176,14 @@ def main(args: Args):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
     generator = torch.Generator().manual_seed(args.seed)  # minibatch order
     rng_states, actor_stats = {}, {}  # per actor: its noise generator after its last segment; its steps and waiting
 
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    agent = Agent(obs_dim, act_dim).to(device)
+    agent = Agent(obs_dim, act_dim)
     params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
     adam = adam_state(params)
-    lr = torch.tensor(args.learning_rate, device=device)
+    lr = torch.tensor(args.learning_rate)
     update = compile_train_step(functools.partial(train_step, agent=agent, args=args), args.compile)
     obs_rms = RunningMeanStd((obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)  # all envs; each actor's are a slice
@@ -1209,9 +1199,9 @@ def main(args: Args):
     if checkpoint:
         try:
             agent.load_state_dict(checkpoint["agent"])
-            load_adam_state(adam, checkpoint["optimizer"])
         except (RuntimeError, ValueError, KeyError) as error:
             sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+        adam = checkpoint["optimizer"]  # saved with that agent, so it fits; the update step takes it as an argument
         obs_rms.load_state_dict(checkpoint["obs_rms"])
         reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
         generator.set_state(checkpoint["generator"])
@@ -1252,11 +1242,13 @@ def main(args: Args):
         learner_wait += time.perf_counter() - waiting_since
         if stopped:
             break
+        episodes = []
         for segment in segments:
-            for ret, length, step in absorb_segment(segment, reward_scaler, obs_rms, rng_states, actor_stats):
-                recent_returns.append(ret)  # logged at the step vaco_continuous.py would log it:
-                writer.add_scalar("charts/episodic_return", ret, global_step + (step + 1) * args.num_envs)
-                writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
+            episodes += absorb_segment(segment, reward_scaler, obs_rms, rng_states, actor_stats)
+        for ret, length, step in episodes:
+            recent_returns.append(ret)  # logged at the step that ended it
+            writer.add_scalar("charts/episodic_return", ret, global_step + (step + 1) * args.num_envs)
+            writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
         lags = [version - int(segment["version"][0]) for segment in batch]  # the others are dropped: too old
         writer.add_scalar("charts/policy_lag_mean", np.mean(lags), global_step)
         writer.add_scalar("charts/policy_lag_max", max(lags), global_step)
@@ -1264,8 +1256,7 @@ def main(args: Args):
         global_step, used, dropped = global_step + args.batch_size, used + len(batch), dropped + len(segments) - len(batch)
 
         # Segments side by side: [T, n, ...] each -> [T, N, ...]
-        b = {key: torch.as_tensor(np.concatenate([segment[key] for segment in batch], axis=1), dtype=torch.float32,
-                                  device=device)
+        b = {key: torch.as_tensor(np.concatenate([segment[key] for segment in batch], axis=1), dtype=torch.float32)
              for key in ("obs", "next_obs", "actions", "logprobs", "rewards", "terminations", "dones")}
         # --8<-- [end:batch]
         b.update(estimate_advantages(agent, b, args))
@@ -1295,7 +1286,7 @@ def main(args: Args):
         version += 1
         comm.publish(version, pack_policy(agent.actor, obs_rms))
 
-        y_pred, y_true = b["values"].cpu().numpy().ravel(), b["returns"].cpu().numpy().ravel()
+        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 

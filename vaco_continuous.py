@@ -52,10 +52,6 @@ class Args:
     """the name of this experiment (part of the run name)"""
     seed: int = 1
     """seed of the experiment: same seed, machine and flags give the same returns"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = False
-    """run the networks on CUDA if available; off because 64-unit MLPs run faster on the CPU"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "vaco"
@@ -319,7 +315,7 @@ class PolicyBuffer:
         self.push(actor)
 
     def push(self, actor):
-        self.snapshots.append(copy.deepcopy(actor).cpu().requires_grad_(False))  # actors act on the CPU
+        self.snapshots.append(copy.deepcopy(actor).requires_grad_(False))
 
     def sample_ages(self, num_actors, rng):
         """Each actor draws one snapshot uniformly among those held (fewer than K early on); `act`
@@ -353,6 +349,34 @@ class PolicyBuffer:
         action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
         return action, gaussian_logprob(action, mean, logstd)
 # --8<-- [end:lag_simulator]
+
+
+# --8<-- [start:rollout]
+def collect_rollout(envs, policy_buffer, obs_rms, reward_scaler, current_obs, rollout, generator):
+    """Step the envs `num_steps` times, each actor with the snapshot it drew (observation statistics
+    updated at every step), writing the transitions into `rollout`. Returns the normalised
+    observation to continue from and the episodes that ended: (return, length, step)."""
+    episodes = []
+    for step in range(rollout["obs"].shape[0]):
+        rollout["obs"][step] = current_obs
+        action, logprob = policy_buffer.act(torch.as_tensor(current_obs), generator)
+        rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
+
+        raw_obs, reward, termination, truncation, infos = envs.step(
+            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
+        )
+        done = termination | truncation
+        rollout["rewards"][step] = reward_scaler(reward, done)
+        rollout["terminations"][step], rollout["dones"][step] = termination, done
+        obs_rms.update(raw_obs)
+        current_obs = normalize_obs(raw_obs, obs_rms)
+        rollout["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
+                                     else current_obs)
+        if done.any():
+            for i in np.flatnonzero(infos["_episode"]):
+                episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
+    return current_obs, episodes
+# --8<-- [end:rollout]
 
 
 # --8<-- [start:compute_gae]
@@ -514,7 +538,7 @@ def minibatch_loss(params, agent, mb, args):
 # --8<-- [start:train_step]
 def adam_state(params):
     """Adam's state for `params`: the step count t and the moment estimates m and v."""
-    return {"step": torch.zeros((), device=next(iter(params.values())).device),
+    return {"step": torch.zeros(()),
             "exp_avg": {name: torch.zeros_like(p) for name, p in params.items()},
             "exp_avg_sq": {name: torch.zeros_like(p) for name, p in params.items()}}
 
@@ -587,16 +611,6 @@ def load_checkpoint(path):
                  "(a pickled object, which could run code)")
     except Exception as error:  # a truncated or foreign file
         sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
-
-
-def load_adam_state(adam, saved):
-    """Copy a checkpoint's Adam state into `adam` (in place: the update step holds these tensors)."""
-    adam["step"].copy_(saved["step"])
-    for moment in ("exp_avg", "exp_avg_sq"):
-        if saved[moment].keys() != adam[moment].keys():
-            raise KeyError(f"its optimizer state holds {sorted(saved[moment])}, not {sorted(adam[moment])}")
-        for name, value in saved[moment].items():
-            adam[moment][name].copy_(value)
 
 
 def load_agent(path, obs_dim, act_dim):
@@ -681,17 +695,15 @@ def main(args: Args):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
     generator = torch.Generator().manual_seed(args.seed)  # minibatch order
     action_generator = torch.Generator().manual_seed(args.seed + 1)  # the actors' action noise
     lag_rng = np.random.default_rng(args.seed)  # which snapshot each actor draws
 
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    agent = Agent(obs_dim, act_dim).to(device)
+    agent = Agent(obs_dim, act_dim)
     params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
     adam = adam_state(params)
-    lr = torch.tensor(args.learning_rate, device=device)
+    lr = torch.tensor(args.learning_rate)
     update = compile_train_step(functools.partial(train_step, agent=agent, args=args), args.compile)
     policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
     obs_rms = RunningMeanStd((obs_dim,))
@@ -709,9 +721,9 @@ def main(args: Args):
     if checkpoint:
         try:
             agent.load_state_dict(checkpoint["agent"])
-            load_adam_state(adam, checkpoint["optimizer"])
         except (RuntimeError, ValueError, KeyError) as error:
             sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+        adam = checkpoint["optimizer"]  # saved with that agent, so it fits; the update step takes it as an argument
         obs_rms.load_state_dict(checkpoint["obs_rms"])
         reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
         policy_buffer.load_state_dict(checkpoint["policy_buffer"])
@@ -742,36 +754,19 @@ def main(args: Args):
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lr.fill_(frac * args.learning_rate)
 
-        # --8<-- [start:rollout]
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
         writer.add_scalar("charts/policy_lag_mean", ages.mean(), global_step)
         writer.add_scalar("charts/policy_lag_max", ages.max(), global_step)
+        current_obs, episodes = collect_rollout(envs, policy_buffer, obs_rms, reward_scaler, current_obs, rollout,
+                                                action_generator)
+        for ret, length, step in episodes:
+            recent_returns.append(ret)  # logged at the step that ended it
+            writer.add_scalar("charts/episodic_return", ret, global_step + (step + 1) * args.num_envs)
+            writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
+        global_step += args.batch_size
 
-        for step in range(0, args.num_steps):
-            global_step += args.num_envs
-            rollout["obs"][step] = current_obs
-            action, logprob = policy_buffer.act(torch.as_tensor(current_obs), action_generator)
-            rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
-
-            raw_obs, reward, termination, truncation, infos = envs.step(
-                np.clip(rollout["actions"][step], envs.single_action_space.low, envs.single_action_space.high)
-            )
-            done = termination | truncation
-            rollout["rewards"][step] = reward_scaler(reward, done)
-            rollout["terminations"][step], rollout["dones"][step] = termination, done
-            obs_rms.update(raw_obs)
-            current_obs = normalize_obs(raw_obs, obs_rms)
-            rollout["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
-                                         else current_obs)
-            if done.any():
-                for i in np.flatnonzero(infos["_episode"]):
-                    recent_returns.append(float(infos["episode"]["r"][i]))
-                    writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
-                    writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
-        # --8<-- [end:rollout]
-
-        b = {key: torch.as_tensor(value, device=device) for key, value in rollout.items()}
+        b = {key: torch.as_tensor(value) for key, value in rollout.items()}
         b.update(estimate_advantages(agent, b, args))
         # Backward lag: how far the learner already is from the behaviour policies, before any step.
         start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
@@ -798,7 +793,7 @@ def main(args: Args):
         # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
         policy_buffer.push(agent.actor)
 
-        y_pred, y_true = b["values"].cpu().numpy().ravel(), b["returns"].cpu().numpy().ravel()
+        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 

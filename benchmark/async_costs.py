@@ -2,7 +2,7 @@
 and what they predict for more actors and more cores.
 
 - t_act: seconds an actor takes for one env step of a segment (acting with the policy, stepping the
-  envs, normalising), from `collect_segment` on one core;
+  envs, normalising), from `collect_rollout` on one core;
 - t_learn: seconds the learner takes for one update of a batch (V-trace + the compiled minibatch
   steps, 32 minibatches x 10 epochs), per env step of the batch;
 - t_msg: seconds to move one segment from an actor to the learner through gloo on loopback, per
@@ -65,7 +65,7 @@ def actor_time(args):
     times = []
     for repeat in range(args.repeats + 1):
         start = time.perf_counter()
-        current = va.collect_segment(envs, actor, obs_rms, current, segment, generator)
+        current = va.collect_rollout(envs, actor, obs_rms, current, segment, generator)
         times.append((time.perf_counter() - start) / layout.steps)
     envs.close()
     return statistics.median(times[1:]), layout, obs_dim, act_dim

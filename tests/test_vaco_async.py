@@ -83,12 +83,12 @@ def three_step_segment(num_steps=7):
     segment["reset_obs"][:] = raw_obs
     obs_rms.update(raw_obs)
     first = vaco_async.normalize_obs(raw_obs, obs_rms)
-    current = vaco_async.collect_segment(envs, actor, obs_rms, first, segment, torch.Generator().manual_seed(0))
+    current = vaco_async.collect_rollout(envs, actor, obs_rms, first, segment, torch.Generator().manual_seed(0))
     envs.close()
     return segment, obs_rms, actor, first, current
 
 
-def test_collect_segment_keeps_final_observations_episodes_and_statistics():
+def test_collect_rollout_keeps_final_observations_episodes_and_statistics():
     segment, obs_rms, actor, first, current = three_step_segment()
     np.testing.assert_array_equal(segment["obs"][0], first)  # normalised, as acted on
     np.testing.assert_array_equal(segment["next_obs"][:2], segment["obs"][1:3])  # inside an episode
