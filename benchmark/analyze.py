@@ -673,7 +673,8 @@ def curves_figure(runs, keys, ks, sweep, path):
             ax.grid(True, alpha=0.25)
         legend = [a for a in order if a in handles]
         n = {a: (f"{min(seeds[a])}" if len(seeds[a]) == 1 else f"{min(seeds[a])}–{max(seeds[a])}") for a in legend}
-        fig.legend([handles[a] for a in legend], [f"{a} ({n[a]} seeds)" for a in legend], loc="outside upper center",
+        labels = [f"{a} ({n[a]} seed{'' if n[a] == '1' else 's'})" for a in legend]
+        fig.legend([handles[a] for a in legend], labels, loc="outside upper center",
                    ncol=2, title="mean over seeds (line) ± one std (band)")
     save(fig, path)
 
