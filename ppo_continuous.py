@@ -666,9 +666,10 @@ def main(args: Args):
         current_obs, episodes = collect_rollout(envs, policy_buffer, obs_rms, reward_scaler, current_obs, rollout,
                                                 action_generator)
         for ret, length, step in episodes:
-            recent_returns.append(ret)  # logged at the step that ended it
-            writer.add_scalar("charts/episodic_return", ret, global_step + (step + 1) * args.num_envs)
-            writer.add_scalar("charts/episodic_length", length, global_step + (step + 1) * args.num_envs)
+            recent_returns.append(ret)
+            ended_at = global_step + (step + 1) * args.num_envs  # logged at the env step that ended it
+            writer.add_scalar("charts/episodic_return", ret, ended_at)
+            writer.add_scalar("charts/episodic_length", length, ended_at)
         global_step += args.batch_size
 
         b = {key: torch.as_tensor(value) for key, value in rollout.items()}
