@@ -201,25 +201,11 @@ def with_final_obs(obs, infos):
     return obs
 
 
-class RunningMeanStd:
-    """Running mean and variance over batches (Chan et al.'s parallel algorithm)."""
+class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
+    """gymnasium's running mean and variance over batches (Chan et al.'s parallel algorithm, float64
+    statistics), with its state as tensors and a number: checkpoints load with weights_only=True."""
 
-    def __init__(self, shape=()):
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = 1e-4
-
-    def update(self, x):
-        x = np.asarray(x, dtype=np.float64)  # float64 sums, whatever the observations' dtype
-        batch_mean, batch_var, batch_count = x.mean(0), x.var(0), x.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean = self.mean + delta * batch_count / total
-        m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
-        self.var = m2 / total
-        self.count = total
-
-    def state_dict(self):  # tensors and plain numbers: checkpoints load with weights_only=True
+    def state_dict(self):
         return {"mean": torch.as_tensor(self.mean), "var": torch.as_tensor(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state):
@@ -617,7 +603,7 @@ def load_agent(path, obs_dim, act_dim):
     checkpoint = load_checkpoint(path)
     agent = Agent(obs_dim, act_dim)
     agent.load_state_dict(checkpoint["agent"])
-    obs_rms = RunningMeanStd((obs_dim,))
+    obs_rms = RunningMeanStd(shape=(obs_dim,))
     obs_rms.load_state_dict(checkpoint["obs_rms"])
     return agent, obs_rms
 
@@ -706,7 +692,7 @@ def main(args: Args):
     lr = torch.tensor(args.learning_rate)
     update = compile_train_step(functools.partial(train_step, agent=agent, args=args), args.compile)
     policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
-    obs_rms = RunningMeanStd((obs_dim,))
+    obs_rms = RunningMeanStd(shape=(obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
 
     def training_state(global_step, iteration):

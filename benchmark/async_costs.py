@@ -58,7 +58,7 @@ def actor_time(args):
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     layout = va.SegmentLayout(args.num_steps, args.num_envs, obs_dim, act_dim)
     segment = layout.views(torch.zeros(layout.size, dtype=torch.float64))
-    actor, obs_rms, generator = va.Actor(obs_dim, act_dim).requires_grad_(False), va.RunningMeanStd((obs_dim,)), torch.Generator()
+    actor, obs_rms, generator = va.Actor(obs_dim, act_dim).requires_grad_(False), va.RunningMeanStd(shape=(obs_dim,)), torch.Generator()
     raw_obs, _ = envs.reset(seed=0)
     obs_rms.update(raw_obs)
     current = va.normalize_obs(raw_obs, obs_rms)

@@ -169,7 +169,7 @@ def test_every_episode_logs_the_sum_of_its_rewards(module):
 @script
 def test_checkpoint_round_trip(module, tmp_path):
     agent = module.Agent(11, 3)
-    obs_rms = module.RunningMeanStd((11,))
+    obs_rms = module.RunningMeanStd(shape=(11,))
     obs_rms.update(np.random.default_rng(0).normal(3.0, 2.0, size=(50, 11)))
     path = str(tmp_path / "agent.cleanrl_model")
     module.save_checkpoint(path, {"agent": agent.state_dict(), "obs_rms": obs_rms.state_dict()})

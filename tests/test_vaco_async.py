@@ -56,7 +56,7 @@ def test_segment_fields_view_one_message_without_overlap():
 
 def test_policy_round_trip_carries_weights_and_statistics_exactly():
     actor, receiver = vaco_async.Actor(6, 2), vaco_async.Actor(6, 2)
-    obs_rms, received_rms = vaco_async.RunningMeanStd((6,)), vaco_async.RunningMeanStd((6,))
+    obs_rms, received_rms = vaco_async.RunningMeanStd(shape=(6,)), vaco_async.RunningMeanStd(shape=(6,))
     obs_rms.update(np.random.default_rng(0).normal(3.0, 2.0, size=(100, 6)))
     weights = vaco_async.pack_policy(actor, obs_rms)
     assert weights.dtype == torch.float64 and weights.ndim == 1
@@ -78,7 +78,7 @@ def three_step_segment(num_steps=7):
     envs = vaco_async.make_envs(vaco_async.Args(env_id="ThreeStepPendulum-v0", num_envs=2), run_name="test")
     layout = vaco_async.SegmentLayout(num_steps=num_steps, num_envs=2, obs_dim=3, act_dim=1)
     segment = layout.views(torch.full((layout.size,), -1.0, dtype=torch.float64))
-    obs_rms, actor = vaco_async.RunningMeanStd((3,)), vaco_async.Actor(3, 1)
+    obs_rms, actor = vaco_async.RunningMeanStd(shape=(3,)), vaco_async.Actor(3, 1)
     raw_obs, _ = envs.reset(seed=0)
     segment["reset_obs"][:] = raw_obs
     obs_rms.update(raw_obs)
@@ -101,7 +101,7 @@ def test_collect_rollout_keeps_final_observations_episodes_and_statistics():
     np.testing.assert_allclose(segment["episode_returns"][2], segment["rewards"][:3].sum(0), rtol=1e-6)
     np.testing.assert_allclose(segment["episode_returns"][5], segment["rewards"][3:6].sum(0), rtol=1e-6)
     # the statistics took every observation a step returned (the reset's first), one step at a time
-    replay = vaco_async.RunningMeanStd((3,))
+    replay = vaco_async.RunningMeanStd(shape=(3,))
     for raw_obs in [segment["reset_obs"]] + list(segment["raw_obs"]):
         replay.update(raw_obs)
     assert replay.count == obs_rms.count == pytest.approx(2 * 8, abs=1e-3)
@@ -117,7 +117,7 @@ def test_the_learner_absorbs_exactly_what_the_actor_saw():
     segment, obs_rms, _, _, _ = three_step_segment()
     for field, value in dict(rank=1, index=0, version=0, wait_time=0.5, run_time=2.0).items():
         segment[field][:] = value  # actor 1's first segment: the envs were just reset
-    learner_rms, rng_states, actor_stats = vaco_async.RunningMeanStd((3,)), {}, {}
+    learner_rms, rng_states, actor_stats = vaco_async.RunningMeanStd(shape=(3,)), {}, {}
     raw_rewards = segment["rewards"].copy()
     episodes = vaco_async.absorb_segment(segment, vaco_async.RewardScaler(2, 0.99), learner_rms, rng_states, actor_stats)
     # one actor: the learner's statistics are the actor's, bit for bit (the next version carries them back)
