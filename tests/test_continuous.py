@@ -1,6 +1,7 @@
 """What ppo_continuous.py, spo_continuous.py and vaco_continuous.py share: env pipeline, lag
 simulator, GAE, checkpoints and resuming, logging, seeding and input checks. Each test runs
-against every script."""
+against every script, except the slow logging and video ones, which run ppo_continuous.py only: the
+others run its very code there (test_equivalence.py compares the sources)."""
 
 import glob
 import os
@@ -272,12 +273,12 @@ def test_same_seed_same_returns(module, train):
     assert first["charts/episodic_return"] != other["charts/episodic_return"]
 
 
-@script
-def test_track_writes_an_offline_wandb_run(module, tmp_path):
-    # a subprocess, as users run it: wandb's TensorBoard patch outlives a run within one process
+def test_track_writes_an_offline_wandb_run(tmp_path):
+    # one script suffices: the others' logging is ppo_continuous.py's own code (test_equivalence.py).
+    # A subprocess, as users run it: wandb's TensorBoard patch outlives a run within one process
     flags = cli_flags(**TINY)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    result = run_script(f"{module.__name__}.py", *flags, "--track", cwd=tmp_path, env=env)
+    result = run_script("ppo_continuous.py", *flags, "--track", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     (run,) = glob.glob(f"{tmp_path}/wandb/offline-run-*")
     assert glob.glob(f"{run}/*.wandb") and glob.glob(f"{tmp_path}/runs/*/events.out.tfevents.*")
@@ -323,8 +324,8 @@ def test_bad_input_from_the_command_line(module, tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("error: CartPole-v1 has a Discrete action space")
 
 
-@script
-def test_capture_video_records_env_0(module, train):
-    run_dir, _ = train(module, capture_video=True)
+def test_capture_video_records_env_0(train):
+    # one script suffices: the others' env pipeline is ppo_continuous.py's own code (test_equivalence.py)
+    run_dir, _ = train(ppo_continuous, capture_video=True)
     videos = glob.glob(f"videos/{os.path.basename(run_dir)}/*.mp4")
     assert videos and all(os.path.getsize(v) > 1000 for v in videos)

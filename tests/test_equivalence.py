@@ -3,6 +3,7 @@ settings) with the same seed and checks that they agree exactly where they claim
 comparison would see a difference (so it can fail)."""
 
 import difflib
+import inspect
 import os
 
 import numpy as np
@@ -105,3 +106,19 @@ def test_diff_against_ppo_stays_the_method(other, limit):
     # what a reader checks with `diff ppo_continuous.py <other>`: the method, not a second pipeline
     lines = changed_lines("ppo_continuous.py", other)
     assert 0 < len(lines) <= limit, f"{len(lines)} changed lines"
+
+
+# what each script changes of ppo_continuous.py: its options, their checks, and the method
+METHOD = {spo: {"Args", "check_args", "ppo_policy_loss", "minibatch_loss"},
+          vaco: {"Args", "check_args", "estimate_advantages", "minibatch_loss", "main"}}
+
+
+@pytest.mark.parametrize("other", [spo, vaco], ids=lambda m: m.__name__)
+def test_everything_but_the_method_is_ppo_s_own_code(other):
+    # so a test of the shared pipeline (logging, video, checkpoints) on one script holds for all three
+    defined = {name: obj for name, obj in vars(ppo).items()
+               if (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == ppo.__name__}
+    assert METHOD[other] < defined.keys()
+    differ = {name for name, obj in defined.items()
+              if inspect.getsource(obj) != inspect.getsource(getattr(other, name, lambda: None))}
+    assert differ <= METHOD[other], f"{other.__name__} changes {sorted(differ - METHOD[other])}"

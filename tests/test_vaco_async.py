@@ -3,6 +3,7 @@ and its actor processes (spawned, and under torchrun), each in its own session w
 after which no process it started may be alive."""
 
 import collections
+import contextlib
 import glob
 import os
 import re
@@ -252,16 +253,16 @@ class Launched:
         return (self.proc.returncode, *self.output())
 
 
-@pytest.fixture
-def launch(tmp_path):
-    """launch(*command) starts a command in tmp_path. After the test, every process it started,
+@contextlib.contextmanager
+def launcher(cwd):
+    """Yields start(*command) that starts a command in `cwd`. On exit, every process it started,
     orphans included, must be gone within a few seconds (they are killed, and the test fails)."""
     tag = f"VACO_TEST_TAG={uuid.uuid4().hex}"
     env = {**os.environ, "VACO_TEST_TAG": tag.split("=")[1], "PYTHONWARNINGS": "ignore"}
     started = []
 
     def start(*command, name="run"):
-        started.append(Launched(list(command), tmp_path, env, name))
+        started.append(Launched(list(command), cwd, env, name))
         return started[-1]
 
     yield start
@@ -275,6 +276,13 @@ def launch(tmp_path):
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"processes left alive after the test: {alive}"
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """launch(*command) starts a command in tmp_path (see `launcher`)."""
+    with launcher(tmp_path) as start:
+        yield start
 
 
 def script(launch, *flags_, name="run"):
@@ -524,16 +532,27 @@ def test_sigint_checkpoints_and_resume_continues(launch, tmp_path):
     assert not torch.equal(resumed["actor_generators"][1], checkpoint["actor_generators"][1])
 
 
+FIRST = dict(num_envs=4, num_actors=2, num_steps=32, total_timesteps=512, save_model=True, eval_episodes=0)
+
+
+@pytest.fixture(scope="module")
+def first_checkpoint(tmp_path_factory):
+    """The checkpoint of one finished run with the FIRST settings, trained once for the tests that resume it."""
+    cwd = tmp_path_factory.mktemp("first")
+    with launcher(cwd) as launch:
+        code, out, err = script(launch, *flags(**FIRST, exp_name="first"), name="first").finish(timeout=90)
+    assert code == 0, out + err
+    (path,) = glob.glob(f"{cwd}/runs/*__first__*/first.cleanrl_model")
+    return path
+
+
 @pytest.mark.parametrize("changed", [dict(num_envs=6, num_actors=2), dict(num_envs=3, num_actors=3),
                                      dict(num_steps=48)], ids=["num-envs", "num-actors", "num-steps"])
-def test_resume_with_another_segment_size_ends_at_its_budget(launch, tmp_path, changed):
-    first = dict(num_envs=4, num_actors=2, num_steps=32, total_timesteps=512, save_model=True, eval_episodes=0)
-    code, out, err = script(launch, *flags(**first, exp_name="first"), name="first").finish(timeout=90)
-    assert code == 0, out + err
-    (path,) = glob.glob(f"{tmp_path}/runs/*__first__*/first.cleanrl_model")
-    settings = {**first, **changed, "total_timesteps": 1300}
+def test_resume_with_another_segment_size_ends_at_its_budget(launch, tmp_path, first_checkpoint, changed):
+    settings = {**FIRST, **changed, "total_timesteps": 1300}
     batch = settings["num_envs"] * settings["num_steps"]
-    code, out, err = script(launch, *flags(**settings, resume=path, exp_name="resumed"), name="resumed").finish(timeout=90)
+    code, out, err = script(launch, *flags(**settings, resume=first_checkpoint, exp_name="resumed"),
+                            name="resumed").finish(timeout=90)
     assert code == 0, out + err
     end = 512 + (1300 - 512) // batch * batch  # the whole batches that fit
     assert f"step {end}/{end} (100%)" in out
