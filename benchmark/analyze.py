@@ -632,14 +632,20 @@ def interval_figure(points, intervals, algorithms, k, tasks, path):
     save(fig, path)
 
 
+def compact_thousands(value, _position=None):
+    """A tick label: 150000 -> "150k" (returns of 10^5 would widen the axis labels past the panel)."""
+    return f"{value / 1000:g}k" if abs(value) >= 10_000 else f"{value:g}"
+
+
 def curves_figure(runs, keys, ks, sweep, path):
     """Learning curves (PPO, VACO, SPO, and the sweep's variants when there are few of them, e.g.
-    the finalists): one panel per task and K, two panels a row."""
+    the finalists): one block per task, titled with its name, of one panel per K, two panels a row."""
     plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
+
     tasks = sorted({t for key in keys for t in keys[key]})
-    panels = [(t, k) for t in tasks for k in ks]
-    cols = 2 if len(panels) > 1 else 1
-    rows = -(-len(panels) // cols)
+    cols = 2 if len(ks) > 1 else 1
+    rows = -(-len(ks) // cols)  # per task
     curves, steps = defaultdict(list), {}
     shown = {"ppo", "vaco", "spo"} | (set(sweep) if len(sweep) <= 3 else set())
     for meta, rows_ in runs:
@@ -650,27 +656,30 @@ def curves_figure(runs, keys, ks, sweep, path):
     order = [a for a in MAIN_ALGORITHMS if a in shown] + sorted(set(sweep) & shown)
     seeds, handles = defaultdict(set), {}
     with plt.rc_context(FONT):
-        fig, axes = plt.subplots(rows, cols, figsize=(FIGURE_WIDTH, 2.35 * rows + 1.1), squeeze=False,
-                                 layout="constrained")
-        for ax in axes.flat[len(panels):]:
-            ax.set_visible(False)
-        for (task, k), ax in zip(panels, axes.flat):
-            for algorithm in order:
-                cs = curves.get((task, k, algorithm))
-                if not cs:
-                    continue
-                c = np.array(cs)
-                x = np.linspace(0, steps[(task, k, algorithm)], c.shape[1] + 1)[1:] / 1e6
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    mean, std = np.nanmean(c, 0), np.nanstd(c, 0)
-                handles[algorithm], = ax.plot(x, mean, color=colour(algorithm, sweep), lw=1.6)
-                ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=colour(algorithm, sweep), lw=0)
-                seeds[algorithm].add(len(cs))
-            ax.set_title(f"{task}, K = {k}")
-            ax.set_xlabel("env steps (millions)")
-            ax.set_ylabel("episode return")
-            ax.grid(True, alpha=0.25)
+        fig = plt.figure(figsize=(FIGURE_WIDTH, len(tasks) * (2.15 * rows + 0.4) + 1.1), layout="constrained")
+        for task, block in zip(tasks, np.atleast_1d(fig.subfigures(len(tasks), 1))):
+            block.suptitle(task, fontweight="bold")
+            axes = block.subplots(rows, cols, squeeze=False)
+            for ax in axes.flat[len(ks):]:
+                ax.set_visible(False)
+            for k, ax in zip(ks, axes.flat):
+                for algorithm in order:
+                    cs = curves.get((task, k, algorithm))
+                    if not cs:
+                        continue
+                    c = np.array(cs)
+                    x = np.linspace(0, steps[(task, k, algorithm)], c.shape[1] + 1)[1:] / 1e6
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        mean, std = np.nanmean(c, 0), np.nanstd(c, 0)
+                    handles[algorithm], = ax.plot(x, mean, color=colour(algorithm, sweep), lw=1.6)
+                    ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=colour(algorithm, sweep), lw=0)
+                    seeds[algorithm].add(len(cs))
+                ax.set_title(f"K = {k}")
+                ax.set_xlabel("env steps (millions)")
+                ax.set_ylabel("episode return")
+                ax.yaxis.set_major_formatter(FuncFormatter(compact_thousands))
+                ax.grid(True, alpha=0.25)
         legend = [a for a in order if a in handles]
         n = {a: (f"{min(seeds[a])}" if len(seeds[a]) == 1 else f"{min(seeds[a])}–{max(seeds[a])}") for a in legend}
         labels = [f"{a} ({n[a]} seed{'' if n[a] == '1' else 's'})" for a in legend]
