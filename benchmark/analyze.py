@@ -672,6 +672,8 @@ def curves_figure(runs, keys, ks, sweep, path):
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", RuntimeWarning)
                         mean, std = np.nanmean(c, 0), np.nanstd(c, 0)
+                    ended = ~np.isnan(mean)  # slices where no episode ended (long episodes, short runs) are bridged
+                    x, mean, std = x[ended], mean[ended], std[ended]
                     handles[algorithm], = ax.plot(x, mean, color=colour(algorithm, sweep), lw=1.6)
                     ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=colour(algorithm, sweep), lw=0)
                     seeds[algorithm].add(len(cs))

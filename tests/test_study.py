@@ -17,10 +17,13 @@ import analyze  # noqa: E402
 import study  # noqa: E402
 
 
-def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000):
-    """A finished run in the study's format: one update per entry of `returns` (one episode each)."""
+def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000, episodes=None):
+    """A finished run in the study's format: one update per entry of `returns` (one episode each,
+    or `episodes[i]`)."""
     run = study.Run(task, algorithm, k, seed, steps_per_update * len(returns))
-    rows = [{"step": steps_per_update * (i + 1), "episodes": 1, "return_mean": float(r)} for i, r in enumerate(returns)]
+    episodes = episodes or [1] * len(returns)
+    rows = [{"step": steps_per_update * (i + 1), "episodes": n, "return_mean": float(r) if n else ""}
+            for i, (r, n) in enumerate(zip(returns, episodes))]
     study.write_csv(os.path.join(folder, run.name + ".csv"), rows)
     with open(os.path.join(folder, run.name + ".json"), "w") as f:
         json.dump(dict(command=run.portable_command(), task=task, algorithm=algorithm, k=k, seed=seed,
@@ -205,6 +208,19 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
     labels = [t.get_text() for t in curves.legends[0].get_texts()]
     assert labels == ["ppo (2 seeds)", "spo (2 seeds)", "vaco (2 seeds)", "vaco-behaviour-0.1 (2 seeds)",
                       "vaco-proximal-0.1 (2 seeds)"]
+
+
+def test_learning_curves_bridge_the_slices_where_no_episode_ended(tmp_path, saved):
+    folder, _ = study_folder(tmp_path)
+    ended = [i % 5 != 2 for i in range(50)]  # 50 updates, one per slice; no episode ends in every 5th
+    for seed in (1, 2):
+        write_run(folder, "TaskA-v4", "ppo", 1, seed, [10.0 * i + seed for i in range(50)], episodes=[int(e) for e in ended])
+    path = str(tmp_path / "curves.png")
+    analyze.curves_figure(analyze.load_runs(folder), {"ppo K=1": ["TaskA-v4"]}, [1], (), path)
+    (line,) = saved[path].axes[0].get_lines()
+    kept = np.flatnonzero(ended)
+    np.testing.assert_allclose(line.get_xdata(), (kept + 1) * 1000 / 1e6)  # one line through the others
+    np.testing.assert_allclose(line.get_ydata(), 10.0 * kept + 1.5)
 
 
 def test_baselines_are_compared_on_the_tasks_they_ran(tmp_path):
