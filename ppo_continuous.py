@@ -178,6 +178,9 @@ class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
     """gymnasium's running mean and variance over batches (Chan et al.'s parallel algorithm, float64
     statistics), with its state as tensors and a number: checkpoints load with weights_only=True."""
 
+    def update(self, x):
+        super().update(np.asarray(x, dtype=np.float64))  # float64 sums, whatever the observations' dtype
+
     def state_dict(self):
         return {"mean": torch.as_tensor(self.mean), "var": torch.as_tensor(self.var), "count": float(self.count)}
 
