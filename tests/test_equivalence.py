@@ -12,6 +12,7 @@ import torch
 
 import ppo_continuous as ppo
 import spo_continuous as spo
+import vaco_async
 import vaco_continuous as vaco
 from conftest import ROOT
 
@@ -108,12 +109,15 @@ def test_diff_against_ppo_stays_the_method(other, limit):
     assert 0 < len(lines) <= limit, f"{len(lines)} changed lines"
 
 
-# what each script changes of ppo_continuous.py: its options, their checks, and the method
+# what each script changes of ppo_continuous.py: its options, their checks, and the method (and, in
+# vaco_async.py, the machinery of actor processes: their envs, rollouts and reward statistics)
 METHOD = {spo: {"Args", "check_args", "ppo_policy_loss", "minibatch_loss"},
-          vaco: {"Args", "check_args", "estimate_advantages", "minibatch_loss", "main"}}
+          vaco: {"Args", "check_args", "estimate_advantages", "minibatch_loss", "main"},
+          vaco_async: {"Args", "check_args", "estimate_advantages", "minibatch_loss", "main", "make_envs",
+                       "RewardScaler", "PolicyBuffer", "collect_rollout"}}
 
 
-@pytest.mark.parametrize("other", [spo, vaco], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("other", [spo, vaco, vaco_async], ids=lambda m: m.__name__)
 def test_everything_but_the_method_is_ppo_s_own_code(other):
     # so a test of the shared pipeline (logging, video, checkpoints) on one script holds for all three
     defined = {name: obj for name, obj in vars(ppo).items()
