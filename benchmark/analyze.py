@@ -242,7 +242,9 @@ def comparison_section(raw, randoms, tasks, ks):
             ppo, vaco = finals(raw, ("ppo", k), task), finals(raw, ("vaco", k), task)
             for values in (ppo, vaco):
                 mean, (lo, hi) = t_interval(values) if values else (np.nan, (np.nan, np.nan))
-                cells.append(f"{mean:.0f} [{lo:.0f}, {hi:.0f}]" if values else "")
+                # one seed has no interval: its return is shown as such
+                cells.append("" if not values else f"{mean:.0f} (1 seed)" if len(values) == 1 else
+                             f"{mean:.0f} [{lo:.0f}, {hi:.0f}]")
             cells.append(f"{above_random_ratio(vaco, ppo, randoms[task]):.2f}" if ppo and vaco else "")
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     return lines + [""]

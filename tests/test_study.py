@@ -127,6 +127,15 @@ def test_analysis_end_to_end(tmp_path):
     assert "### Aggregates, final score\n\n<!-- --8<-- [start:aggregates_final] -->" in report
 
 
+def test_a_cell_of_one_seed_shows_its_return_without_an_interval():
+    runs = [(dict(task="TaskA-v4", algorithm=algorithm, k=1, seed=seed, total_timesteps=10),
+             [dict(step=10, episodes=1, return_mean=final)]) for algorithm, seed, final in
+            [("ppo", 1, 20.0), ("ppo", 2, 40.0), ("vaco", 1, 45.0)]]
+    raw, _ = analyze.score_table(runs, {"TaskA-v4": 0.0})
+    lines = analyze.comparison_section(raw, {"TaskA-v4": 0.0}, ["TaskA-v4"], [1])
+    assert "| TaskA-v4 | 30 [-97, 157] | 45 (1 seed) | 1.50 |" in lines  # 30 ± t(0.975, 1) * 14.1 / sqrt(2)
+
+
 def test_diagnostics_are_shown_beside_ppo_and_rows_where_vaco_is_behind_are_bold():
     def run(algorithm, k, final, **columns):
         meta = dict(task="TaskA-v4", algorithm=algorithm, k=k, seed=1, total_timesteps=10)
