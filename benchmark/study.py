@@ -268,6 +268,27 @@ def format_duration(seconds):
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
+def seconds_per_step(out_dir):
+    """{task: mean wall seconds per env step} of the runs finished in `out_dir`, read from their
+    JSONs, whichever sitting trained them (a reused twin took no time and is left out)."""
+    rates = {}
+    for path in glob.glob(os.path.join(out_dir, "*__*.json")):
+        with open(path) as f:
+            meta = json.load(f)
+        if meta.get("seconds"):
+            rates.setdefault(meta["task"], []).append(meta["seconds"] / meta["total_timesteps"])
+    return {task: sum(r) / len(r) for task, r in rates.items()}
+
+
+def expected_seconds(runs, rates):
+    """Wall seconds `runs` should take one at a time: each at its task's rate, or at the mean rate of
+    the tasks measured so far; None before any run has finished."""
+    if not rates:
+        return None
+    overall = sum(rates.values()) / len(rates)
+    return sum(run.steps * rates.get(run.task, overall) for run in runs)
+
+
 @dataclass
 class Args:
     preset: str = "cpu"
@@ -322,31 +343,38 @@ def main(args: Args):
     os.makedirs(out_dir, exist_ok=True)
     os.makedirs(os.path.join(RESULTS, "tmp"), exist_ok=True)
     todo = [run for run in runs if not is_finished(run, out_dir)]
+    expected = expected_seconds(todo, seconds_per_step(out_dir))
     print(f"[study {args.preset}] {len(runs)} runs, {len(runs) - len(todo)} already finished, "
-          f"{len(todo)} to go, {args.jobs} at a time -> {out_dir}", flush=True)
-    done, failed, durations, start = 0, [], [], time.time()
+          f"{len(todo)} to go, {args.jobs} at a time -> {out_dir}"
+          + (f" | ETA {format_duration(expected / args.jobs)} at the finished runs' pace" if expected else ""),
+          flush=True)
+    done, failed, start = 0, [], time.time()
     with ThreadPoolExecutor(args.jobs) as pool:
-        pending = {}
+        pending = {}  # future -> (run, when it started)
         queue = list(todo)
         while queue or pending:
             while queue and len(pending) < args.jobs:
                 run = queue.pop(0)
-                pending[pool.submit(execute, run, out_dir)] = run
+                pending[pool.submit(execute, run, out_dir)] = run, time.time()
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
-                run = pending.pop(future)
+                run, _ = pending.pop(future)
                 try:
-                    seconds = future.result()
-                    durations += [seconds] if seconds else []  # a reused twin took no time
+                    future.result()
                     done += 1
                 except Exception as error:  # one failed run must not stop the study
                     failed.append(run.name)
                     print(f"error: {error}", flush=True)
-                remaining = len(queue) + len(pending)
-                eta = sum(durations) / len(durations) * remaining / args.jobs if durations else 0
+                # each task at its own pace (a Humanoid run takes several Hopper runs' time); the runs
+                # under way count for what they have left
+                rates, left = seconds_per_step(out_dir), 0.0
+                if rates:
+                    under_way = [max(0.0, expected_seconds([r], rates) - (time.time() - t))
+                                 for r, t in pending.values()]
+                    left = expected_seconds(queue, rates) + sum(under_way)
                 print(f"[study {args.preset}] {done + len(failed)}/{len(todo)} done ({len(failed)} failed) | "
                       f"last {run.name} | elapsed {format_duration(time.time() - start)} | "
-                      f"ETA {format_duration(eta)}", flush=True)
+                      f"ETA {format_duration(left / args.jobs)}", flush=True)
     if failed:
         sys.exit(f"error: {len(failed)} run(s) failed: {', '.join(failed)}")
 

@@ -17,9 +17,9 @@ import analyze  # noqa: E402
 import study  # noqa: E402
 
 
-def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000, episodes=None):
+def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000, episodes=None, **meta):
     """A finished run in the study's format: one update per entry of `returns` (one episode each,
-    or `episodes[i]`)."""
+    or `episodes[i]`); `meta` adds to its JSON (e.g. the seconds it took)."""
     run = study.Run(task, algorithm, k, seed, steps_per_update * len(returns))
     episodes = episodes or [1] * len(returns)
     rows = [{"step": steps_per_update * (i + 1), "episodes": n, "return_mean": float(r) if n else ""}
@@ -27,7 +27,7 @@ def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000, 
     study.write_csv(os.path.join(folder, run.name + ".csv"), rows)
     with open(os.path.join(folder, run.name + ".json"), "w") as f:
         json.dump(dict(command=run.portable_command(), task=task, algorithm=algorithm, k=k, seed=seed,
-                       total_timesteps=run.steps), f)
+                       total_timesteps=run.steps, **meta), f)
     return run
 
 
@@ -217,6 +217,21 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
     labels = [t.get_text() for t in curves.legends[0].get_texts()]
     assert labels == ["ppo (2 seeds)", "spo (2 seeds)", "vaco (2 seeds)", "vaco-behaviour-0.1 (2 seeds)",
                       "vaco-proximal-0.1 (2 seeds)"]
+
+
+def test_the_eta_takes_each_task_at_its_own_pace(tmp_path):
+    folder = str(tmp_path)
+    assert study.seconds_per_step(folder) == {} and study.expected_seconds([], {}) is None
+    # 10 updates of 1000 steps each: TaskA at 0.01 and 0.03 s a step, TaskB at 0.005; a reused twin took 0 s
+    write_run(folder, "TaskA-v4", "ppo", 1, 1, [0.0] * 10, seconds=100.0)
+    write_run(folder, "TaskA-v4", "ppo", 1, 2, [0.0] * 10, seconds=300.0)
+    write_run(folder, "TaskB-v4", "ppo", 1, 1, [0.0] * 10, seconds=50.0)
+    write_run(folder, "TaskB-v4", "vaco", 1, 1, [0.0] * 10, seconds=0.0)
+    rates = study.seconds_per_step(folder)
+    assert rates == pytest.approx({"TaskA-v4": 0.02, "TaskB-v4": 0.005})
+    # a task not run yet goes at the mean of the others' rates, 0.0125 s a step
+    todo = [study.Run("TaskA-v4", "vaco", 8, 1, 20_000), study.Run("TaskC-v4", "ppo", 1, 1, 10_000)]
+    assert study.expected_seconds(todo, rates) == pytest.approx(20_000 * 0.02 + 10_000 * 0.0125)
 
 
 def test_learning_curves_bridge_the_slices_where_no_episode_ended(tmp_path, saved):
