@@ -826,6 +826,8 @@ def _hms(seconds: float) -> str:
 
 def train(args: Args):
     run_name = f"gsm8k__{args.exp_name}__{args.loss}_N{args.num_minibatches}_S{args.staleness}__{args.seed}__{int(time.time())}"
+    if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
+        raise UsageError(f"runs/{run_name} already exists: wait a second or change --exp-name")
     if args.save_path is None:
         args.save_path = f"runs/{run_name}/model"
     validate(args)

@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import os
+import time
 import shutil
 import subprocess
 import sys
@@ -900,6 +901,18 @@ def test_held_out_split(tiny_model_dir, jsonl_path):
     assert g.load_problems(tiny_args(tiny_model_dir, jsonl_path, eval_size=2, seed=7))[1] == test
     assert not {q for q, _ in train} & {q for q, _ in test}
     assert dict(train + test)[PROBLEMS[2][0]] == "950"  # gold parsed from '#### 950'
+
+
+def test_an_existing_run_folder_is_never_reused(tiny_model_dir, jsonl_path, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = tiny_args(tiny_model_dir, jsonl_path, exp_name="x")
+    now = int(time.time())
+    for t in range(now, now + 30):  # whatever second the run starts in, its folder exists
+        os.makedirs(f"runs/gsm8k__x__{args.loss}_N2_S0__1__{t}/keep")
+    with pytest.raises(SystemExit) as exit_info:
+        g.main(args)
+    assert exit_info.value.code == 2 and "already exists: wait a second" in capsys.readouterr().err
+    assert len(list((tmp_path / "runs").glob("*/keep"))) == 30
 
 
 @pytest.fixture
