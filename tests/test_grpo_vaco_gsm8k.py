@@ -5,10 +5,10 @@ import itertools
 import json
 import math
 import os
-import time
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -908,7 +908,7 @@ def test_an_existing_run_folder_is_never_reused(tiny_model_dir, jsonl_path, tmp_
     args = tiny_args(tiny_model_dir, jsonl_path, exp_name="x")
     now = int(time.time())
     for t in range(now, now + 30):  # whatever second the run starts in, its folder exists
-        os.makedirs(f"runs/gsm8k__x__{args.loss}_N2_S0__1__{t}/keep")
+        os.makedirs(f"runs/gsm8k__x__{args.loss}_N{args.num_minibatches}_S{args.staleness}__{args.seed}__{t}/keep")
     with pytest.raises(SystemExit) as exit_info:
         g.main(args)
     assert exit_info.value.code == 2 and "already exists: wait a second" in capsys.readouterr().err

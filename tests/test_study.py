@@ -238,7 +238,8 @@ def test_learning_curves_bridge_the_slices_where_no_episode_ended(tmp_path, save
     folder, _ = study_folder(tmp_path)
     ended = [i % 5 != 2 for i in range(50)]  # 50 updates, one per slice; no episode ends in every 5th
     for seed in (1, 2):
-        write_run(folder, "TaskA-v4", "ppo", 1, seed, [10.0 * i + seed for i in range(50)], episodes=[int(e) for e in ended])
+        write_run(folder, "TaskA-v4", "ppo", 1, seed, [10.0 * i + seed for i in range(50)],
+                  episodes=[int(e) for e in ended])
     path = str(tmp_path / "curves.png")
     analyze.curves_figure(analyze.load_runs(folder), {"ppo K=1": ["TaskA-v4"]}, [1], (), path)
     (line,) = saved[path].axes[0].get_lines()
