@@ -3,6 +3,7 @@
     python benchmark/study.py --preset cpu                # ~3 h on 2 cores; resumes where it stopped
     python benchmark/study.py --preset cpu --list         # one shell command per run (for any scheduler)
     python benchmark/study.py --preset paper --shard 3/100   # the 3rd of 100 slices (e.g. a Slurm array)
+    python benchmark/study.py --preset ten-tasks --time-limit 2h45m   # only runs that can end within it
     python benchmark/analyze.py benchmark/results/cpu     # aggregates, tables and figures
 
 Each run trains one top-level script in a scratch folder, then keeps only a small CSV of its
@@ -13,6 +14,9 @@ learning curve and lag diagnostics (one row per update) and a JSON of its exact 
 The JSON is written last, so a run counts as finished when it exists and holds the same command.
 Re-running skips finished runs: an interrupted study resumes where it stopped. A finished run
 whose command has changed (e.g. an algorithm's flags were edited) is moved to `stale/` and run again.
+A run stopped halfway is lost, so a sitting with a fixed end (a Slurm job's wall time, a shared
+machine's booking) should pass `--time-limit`: the study then starts only runs that it expects to
+end in time, shorter ones first once the next in line would not, and exits when none fits.
 """
 
 import bisect
@@ -20,8 +24,10 @@ import csv
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -268,16 +274,17 @@ def format_duration(seconds):
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
-def seconds_per_step(out_dir):
-    """{task: mean wall seconds per env step} of the runs finished in `out_dir`, read from their
-    JSONs, whichever sitting trained them (a reused twin took no time and is left out)."""
+def seconds_per_step(out_dir, statistic=statistics.fmean):
+    """{task: wall seconds per env step} of the runs finished in `out_dir` (their mean, or another
+    `statistic` of them), read from their JSONs, whichever sitting trained them (a reused twin took
+    no time and is left out)."""
     rates = {}
     for path in glob.glob(os.path.join(out_dir, "*__*.json")):
         with open(path) as f:
             meta = json.load(f)
         if meta.get("seconds"):
             rates.setdefault(meta["task"], []).append(meta["seconds"] / meta["total_timesteps"])
-    return {task: sum(r) / len(r) for task, r in rates.items()}
+    return {task: statistic(r) for task, r in rates.items()}
 
 
 def expected_seconds(runs, rates):
@@ -287,6 +294,27 @@ def expected_seconds(runs, rates):
         return None
     overall = sum(rates.values()) / len(rates)
     return sum(run.steps * rates.get(run.task, overall) for run in runs)
+
+
+def next_that_fits(queue, slowest, seconds_left):
+    """The first run of `queue` expected to end within `seconds_left`, each task taken at the slowest
+    pace a finished run of it has shown (a task not yet run at the slowest of any); None if none
+    fits. Without a limit (None), or before any run has been timed, the first run."""
+    if seconds_left is not None and seconds_left <= 0:
+        return None
+    if seconds_left is None or not slowest:
+        return queue[0] if queue else None
+    worst = max(slowest.values())
+    return next((run for run in queue if run.steps * slowest.get(run.task, worst) <= seconds_left), None)
+
+
+def parse_duration(text):
+    """Seconds in a duration written like 2h45m, 90m or 30s."""
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    if not text or not match:
+        raise ValueError(text)
+    hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return 3600 * hours + 60 * minutes + seconds
 
 
 @dataclass
@@ -312,6 +340,9 @@ class Args:
     """where results go (default benchmark/results/<preset>)"""
     total_timesteps: Optional[int] = None
     """override the preset's env steps per run (a dry run: use it with a separate --out-dir)"""
+    time_limit: Optional[str] = None
+    """wall time this sitting may take, e.g. 2h45m (a little under a Slurm job's): start only runs
+    expected to end in time, each task at the slowest pace its finished runs have shown"""
     list: bool = False  # (last: the name shadows the builtin `list` in the annotations after it)
     """print one shell command per run (from the repository root) and exit"""
 
@@ -331,6 +362,13 @@ def check_args(args):
             sys.exit(f"error: --shard {args.shard}: need 1 <= I <= N")
     if args.jobs < 1:
         sys.exit(f"error: --jobs must be >= 1, got {args.jobs}")
+    if args.time_limit is not None:
+        try:
+            limit = parse_duration(args.time_limit)
+        except ValueError:
+            sys.exit(f"error: --time-limit must look like 2h45m, 90m or 30s, got '{args.time_limit}'")
+        if limit <= 0:
+            sys.exit(f"error: --time-limit must be more than 0, got '{args.time_limit}'")
 
 
 def main(args: Args):
@@ -349,13 +387,22 @@ def main(args: Args):
           + (f" | ETA {format_duration(expected / args.jobs)} at the finished runs' pace" if expected else ""),
           flush=True)
     done, failed, start = 0, [], time.time()
+    deadline = start + parse_duration(args.time_limit) if args.time_limit else None
     with ThreadPoolExecutor(args.jobs) as pool:
         pending = {}  # future -> (run, when it started)
         queue = list(todo)
         while queue or pending:
-            while queue and len(pending) < args.jobs:
-                run = queue.pop(0)
+            while len(pending) < args.jobs:
+                seconds_left = None if deadline is None else deadline - time.time()
+                run = next_that_fits(queue, seconds_per_step(out_dir, max), seconds_left)
+                if run is None:
+                    break
+                queue.remove(run)
                 pending[pool.submit(execute, run, out_dir)] = run, time.time()
+            if not pending:  # runs are left, and none is expected to end before the time limit
+                print(f"[study {args.preset}] time limit: {len(queue)} run(s) left for the next sitting, "
+                      f"none expected to end in the {format_duration(max(0.0, seconds_left))} left", flush=True)
+                break
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 run, _ = pending.pop(future)

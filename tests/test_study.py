@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -234,6 +235,38 @@ def test_the_eta_takes_each_task_at_its_own_pace(tmp_path):
     assert study.expected_seconds(todo, rates) == pytest.approx(20_000 * 0.02 + 10_000 * 0.0125)
 
 
+def test_under_a_time_limit_only_runs_that_can_end_in_time_are_started():
+    reacher, ant = (study.Run(task, "ppo", 1, 2, 1_000_000) for task in ("Reacher-v4", "Ant-v4"))
+    slowest = {"Reacher-v4": 0.0005, "Hopper-v4": 0.001}  # seconds a step: 500 s and 1000 s a run
+    assert study.next_that_fits([ant, reacher], slowest, None) == ant  # no limit: the order
+    assert study.next_that_fits([ant, reacher], slowest, 900.0) == reacher  # Ant, not timed yet, at Hopper's pace
+    assert study.next_that_fits([ant, reacher], slowest, 1000.0) == ant
+    assert study.next_that_fits([ant, reacher], slowest, 499.0) is None
+    assert study.next_that_fits([ant, reacher], {}, 1.0) == ant  # nothing timed: the order, while time is left
+    assert study.next_that_fits([ant, reacher], {}, 0.0) is None
+    assert [study.parse_duration(t) for t in ("2h45m", "90m", "30s", "1h")] == [9900, 5400, 30, 3600]
+
+
+def test_a_study_with_a_time_limit_starts_what_fits_and_leaves_the_rest(tmp_path, monkeypatch, capsys):
+    folder, steps = str(tmp_path), 1000
+    # timed seed-1 runs: Ant takes 5 s, Reacher 0.5 s
+    write_run(folder, "Ant-v4", "ppo", 1, 1, [0.0], steps_per_update=steps, seconds=5.0)
+    write_run(folder, "Reacher-v4", "ppo", 1, 1, [0.0], steps_per_update=steps, seconds=0.5)
+    started = []
+
+    def execute(run, out_dir):  # Reacher's next run is slower than its first: 1.6 s
+        started.append(run.name)
+        time.sleep(1.6)
+        write_run(out_dir, run.task, run.algorithm, run.k, run.seed, [0.0], steps_per_update=steps, seconds=1.6)
+
+    monkeypatch.setattr(study, "execute", execute)
+    study.main(study.Args(preset="ten-tasks", algorithms=["ppo"], tasks=["Ant-v4", "Reacher-v4"], ks=[1],
+                          total_timesteps=steps, out_dir=folder, jobs=1, time_limit="3s"))
+    # Ant (5 s) never fits in 3 s; Reacher's seed 2 does (0.5 s), then seed 3 (now 1.6 s) no longer does
+    assert started == ["Reacher-v4__ppo__K1__s2"]
+    assert "time limit: 3 run(s) left for the next sitting" in capsys.readouterr().out
+
+
 def test_learning_curves_bridge_the_slices_where_no_episode_ended(tmp_path, saved):
     folder, _ = study_folder(tmp_path)
     ended = [i % 5 != 2 for i in range(50)]  # 50 updates, one per slice; no episode ends in every 5th
@@ -404,7 +437,10 @@ def test_a_tiny_study_runs_then_resumes_without_rerunning(tmp_path, capsys):
 @pytest.mark.parametrize("overrides, message", [(dict(preset="gpu"), "unknown preset 'gpu'"),
                                                 (dict(algorithms=["vac"]), "unknown algorithm(s) vac"),
                                                 (dict(shard="3"), "--shard must look like I/N"),
-                                                (dict(shard="4/3"), "need 1 <= I <= N")])
+                                                (dict(shard="4/3"), "need 1 <= I <= N"),
+                                                (dict(time_limit="3 hours"), "--time-limit must look like 2h45m"),
+                                                (dict(time_limit=""), "--time-limit must look like 2h45m"),
+                                                (dict(time_limit="0m"), "--time-limit must be more than 0")])
 def test_study_bad_input(overrides, message):
     with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
         study.main(study.Args(**overrides))
