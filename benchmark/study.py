@@ -384,8 +384,8 @@ def main(args: Args):
     expected = expected_seconds(todo, seconds_per_step(out_dir))
     print(f"[study {args.preset}] {len(runs)} runs, {len(runs) - len(todo)} already finished, "
           f"{len(todo)} to go, {args.jobs} at a time -> {out_dir}"
-          + (f" | ETA {format_duration(expected / args.jobs)} at the finished runs' pace" if expected else ""),
-          flush=True)
+          + (f" | ETA {format_duration(expected / args.jobs)} at the finished runs' pace" if expected else "")
+          + (f" | time limit {args.time_limit}" if args.time_limit else ""), flush=True)
     done, failed, start = 0, [], time.time()
     deadline = start + parse_duration(args.time_limit) if args.time_limit else None
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -264,7 +264,9 @@ def test_a_study_with_a_time_limit_starts_what_fits_and_leaves_the_rest(tmp_path
                           total_timesteps=steps, out_dir=folder, jobs=1, time_limit="3s"))
     # Ant (5 s) never fits in 3 s; Reacher's seed 2 does (0.5 s), then seed 3 (now 1.6 s) no longer does
     assert started == ["Reacher-v4__ppo__K1__s2"]
-    assert "time limit: 3 run(s) left for the next sitting" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "to go, 1 at a time" in out and "| time limit 3s" in out
+    assert "time limit: 3 run(s) left for the next sitting" in out
 
 
 def test_learning_curves_bridge_the_slices_where_no_episode_ended(tmp_path, saved):
