@@ -111,8 +111,8 @@ def test_analysis_end_to_end(tmp_path):
     # above random is 20 / 20 at K = 1 and 30 / 10 at K = 8
     assert "| TaskA-v4 | 20 [-5, 45] | 20 [20, 20] | 1.00 | 10 [-2, 22] | 30 [30, 30] | 3.00 |" in report
     # the paper's summary at K = 8: mean of (30 - 10) / 10 and (130 - 110) / 110; above random: 2 on both
-    assert "| relative to PPO's return | +0.0 % [" in report and "| +109.1 % [" in report
-    assert "| above random | +0.0 % [" in report and "| +200.0 % [" in report
+    assert "| mean relative to PPO's return | +0.0 % [" in report and "| +109.1 % [" in report
+    assert "| mean above random | +0.0 % [" in report and "| +200.0 % [" in report
     for section in ("per_task", "vaco_vs_ppo", "summary_number", "diagnostics", "aggregates_final", "aggregates_auc",
                     "improvement"):  # for the docs to include
         assert f"<!-- --8<-- [start:{section}] -->" in report and f"<!-- --8<-- [end:{section}] -->" in report
@@ -126,6 +126,20 @@ def test_analysis_end_to_end(tmp_path):
         inside = (inside or "--8<-- [start:" in line) and "--8<-- [end:" not in line
         assert not (inside and line.startswith("#")), f"a heading inside a snippet section: {line!r}"
     assert "### Aggregates, final score\n\n<!-- --8<-- [start:aggregates_final] -->" in report
+
+
+def test_the_median_improvement_is_not_carried_by_one_task_far_ahead():
+    finals = {"TaskA-v4": (110.0, 100.0), "TaskB-v4": (120.0, 100.0), "TaskC-v4": (600.0, 100.0)}  # VACO, PPO
+    runs = [(dict(task=task, algorithm=algorithm, k=8, seed=seed, total_timesteps=10),
+             [dict(step=10, episodes=1, return_mean=final + seed)])
+            for task, pair in finals.items() for algorithm, final in zip(("vaco", "ppo"), pair) for seed in (-1, 1)]
+    randoms = dict.fromkeys(finals, 0.0)
+    raw, _ = analyze.score_table(runs, randoms)
+    (mean, median, above), intervals = analyze.relative_improvement(raw, randoms, list(finals), 8, reps=100, seed=0)
+    assert (mean, median, above) == pytest.approx(((0.1 + 0.2 + 5.0) / 3, 0.2, (0.1 + 0.2 + 5.0) / 3))
+    assert intervals.shape == (2, 3) and np.all(intervals[0] <= np.array([mean, median, above]) + 1e-12)
+    lines = analyze.summary_number_section(raw, randoms, list(finals), [8], reps=100, seed=0)
+    assert any(line.startswith("| median relative to PPO's return | +20.0 % [") for line in lines)
 
 
 def test_a_cell_of_one_seed_shows_its_return_without_an_interval():
