@@ -257,15 +257,18 @@ def relative_improvement(raw, randoms, tasks, k, reps, seed):
     random", (VACO - PPO) / (PPO - random), i.e. VACO/PPO above random - 1."""
     pairs = [(np.array(finals(raw, ("vaco", k), t)), np.array(finals(raw, ("ppo", k), t)), randoms[t]) for t in tasks]
 
-    def both(means):
+    def improvements(means):
         paper = [(v - p) / abs(p) for v, p, _ in means]
         shifted = [(v - p) / (p - r) for v, p, r in means]
         return np.array([np.mean(paper), np.median(paper), np.mean(shifted)])
 
-    point = both([(v.mean(), p.mean(), r) for v, p, r in pairs])
+    point = improvements([(v.mean(), p.mean(), r) for v, p, r in pairs])
     rng = np.random.default_rng(seed)
-    samples = np.array([both([(rng.choice(v, len(v)).mean(), rng.choice(p, len(p)).mean(), r) for v, p, r in pairs])
-                        for _ in range(reps)])
+
+    def resampled():
+        return [(rng.choice(v, len(v)).mean(), rng.choice(p, len(p)).mean(), r) for v, p, r in pairs]
+
+    samples = np.array([improvements(resampled()) for _ in range(reps)])
     return point, np.percentile(samples, [2.5, 97.5], axis=0)
 
 
@@ -360,7 +363,7 @@ def main(args: Args):
     if any(a == "vaco" for a, _ in raw):
         head_ks = sorted({min(ks), max(ks)})
         report += titled("VACO against PPO per task", "vaco_vs_ppo", comparison_section(raw, randoms, compared, head_ks))
-        report += titled("Mean relative improvement of VACO over PPO", "summary_number",
+        report += titled("Relative improvement of VACO over PPO", "summary_number",
                          summary_number_section(raw, randoms, compared, head_ks, args.reps, args.seed))
         report += titled("Lag and filter diagnostics per task", "diagnostics",
                          diagnostics_section(runs, raw, randoms, compared, head_ks))
