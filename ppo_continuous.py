@@ -11,6 +11,7 @@ ordinary synchronous PPO. ``vaco_continuous.py`` is the same file with the VACO 
 
     python ppo_continuous.py --env-id Ant-v4 --policy-buffer 8
     python ppo_continuous.py --env-id Hopper-v4 --kl-coef 0.1      # PPO-KL
+    python ppo_continuous.py --env-id Ant-v4 --policy-buffer 8 --clip-reference proximal   # decoupled PPO
     tensorboard --logdir runs
 """
 
@@ -24,7 +25,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -96,6 +97,9 @@ class Args:
     """the target KL divergence threshold (stops the epochs of an update early)"""
     kl_coef: float = 0.0
     """PPO-KL: add kl_coef * KL(behaviour || policy) (k3 estimator) to the loss; 0 disables it"""
+    clip_reference: Literal["behaviour", "proximal"] = "behaviour"
+    """what the clip is centred on: beta, the policy that acted (PPO), or pi_T, the learner at the update's
+    start, with the weight pi_T/beta correcting for the stale actors (decoupled PPO, Hilton et al. 2021)"""
 
     # Simulated asynchrony
     policy_buffer: int = 1
@@ -390,6 +394,28 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
 # --8<-- [end:ppo_policy_loss]
 
 
+# --8<-- [start:decoupled_policy_loss]
+def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advantages, clip_coef, max_weight=100.0):
+    """Decoupled PPO (Hilton, Cobbe, Schulman 2021, arXiv 2110.00641): the clip is centred on pi_T, the
+    learner at the update's start, and the weight w corrects for the stale behaviour policy beta:
+        L = -mean( w * min(r * A, clip(r, 1 - eps, 1 + eps) * A) ),  r = pi_theta/pi_T,  w = sg(min(pi_T/beta, 100))
+    A sample stale at the update's start is weighted, not clipped away as PPO's pi_theta/beta clips it.
+    The cap guards against numerical blow-ups only, as in the authors' code (charts/backward_ratio_max
+    shows whether it binds). As w > 0, a term is w r A (= rho A, rho = pi_theta/beta) except where the
+    clip binds (A > 0 and r > 1 + eps, or A < 0 and r < 1 - eps): there the constant w clip(r) A, with no
+    gradient. Written so, the gradient at zero lag (pi_T = beta) is PPO's to the bit, even where log pi_T
+    and log beta differ in their last bits. Returns (loss, rho, r)."""
+    ratio = (newlogprob - behavior_logprob).exp()  # rho = w r
+    proximal_ratio = (newlogprob - proximal_logprob).exp()  # r
+    weight = (proximal_logprob - behavior_logprob).exp()  # w, before the cap
+    weighted_ratio = torch.where(weight > max_weight, max_weight * proximal_ratio, ratio)  # min(w, 100) r
+    clipped = torch.where(advantages > 0, proximal_ratio > 1 + clip_coef, proximal_ratio < 1 - clip_coef)
+    clipped_term = weight.clamp(max=max_weight) * torch.clamp(proximal_ratio, 1 - clip_coef, 1 + clip_coef) * advantages
+    surrogate = torch.where(clipped, clipped_term.detach(), weighted_ratio * advantages)
+    return -surrogate.mean(), ratio, proximal_ratio
+# --8<-- [end:decoupled_policy_loss]
+
+
 # --8<-- [start:minibatch_loss]
 def minibatch_loss(params, agent, mb, args):
     """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
@@ -402,8 +428,13 @@ def minibatch_loss(params, agent, mb, args):
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-    # Policy loss
-    pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+    # Policy loss; ratio = pi_theta/beta, clip_ratio = the ratio the clip acts on
+    if args.clip_reference == "proximal":  # decoupled PPO: the clip is centred on pi_T
+        pg_loss, ratio, clip_ratio = decoupled_policy_loss(newlogprob, mb["logprobs"], mb["proximal_logprobs"],
+                                                           mb_advantages, args.clip_coef)
+    else:  # PPO: the clip is centred on beta
+        pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+        clip_ratio = ratio
     logratio = newlogprob - mb["logprobs"]
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
@@ -423,7 +454,7 @@ def minibatch_loss(params, agent, mb, args):
         loss = loss + args.kl_coef * kl
 
     stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss, old_approx_kl=(-logratio).mean(),
-                 approx_kl=kl, clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+                 approx_kl=kl, clipfrac=((clip_ratio - 1.0).abs() > args.clip_coef).float().mean(),
                  tv_divergence=0.5 * (ratio - 1).abs().mean())
     return loss, {name: value.detach() for name, value in stats.items()}
 # --8<-- [end:minibatch_loss]
@@ -667,10 +698,13 @@ def main(args: Args):
         start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
         backward_tv = 0.5 * (start_ratio - 1).abs().mean().item()
         writer.add_scalar("charts/backward_tv", backward_tv, global_step)
+        # its importance ratios pi_T/beta: V-trace's rho in VACO, decoupled PPO's weight w
+        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")}
+                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)

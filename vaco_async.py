@@ -1253,12 +1253,14 @@ def main(args: Args):
         start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
         backward_tv = 0.5 * (start_ratio - 1).abs().mean().item()
         writer.add_scalar("charts/backward_tv", backward_tv, global_step)
+        # its importance ratios pi_T/beta: V-trace's rho in VACO, decoupled PPO's weight w
+        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
         writer.add_scalar("charts/rho_clipped_fraction", (start_ratio > args.rho_bar).float().mean().item(), global_step)
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")}
-        flat["proximal_logprobs"] = b["proximal_logprobs"].reshape(-1)  # pi_T: the TV filter's proximal reference
+                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)

@@ -6,6 +6,7 @@ import importlib
 import itertools
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -334,13 +335,15 @@ def test_select_filters_by_every_axis():
     assert [(r.algorithm, r.task, r.k, r.seed) for r in picked] == [("ppo", "Ant-v4", 8, 1), ("ppo", "Ant-v4", 8, 2)]
 
 
-def test_ten_tasks_preset_is_ppo_and_vaco_at_k_1_and_8_on_the_ten_tasks():
+def test_ten_tasks_preset_is_ppo_and_vaco_at_k_1_and_8_then_decoupled_ppo_at_k_8():
     runs = study.grid("ten-tasks")
-    assert len(runs) == 120
+    assert len(runs) == 150
     assert {r.task for r in runs} == set(study.PAPER_TASKS) and len(study.PAPER_TASKS) == 10
-    assert {(r.algorithm, r.k, r.seed) for r in runs} == set(itertools.product(["ppo", "vaco"], [1, 8], [1, 2, 3]))
+    main, decoupled = runs[:120], runs[120:]
+    assert {(r.algorithm, r.k, r.seed) for r in main} == set(itertools.product(["ppo", "vaco"], [1, 8], [1, 2, 3]))
+    assert {(r.algorithm, r.k, r.seed) for r in decoupled} == {("ppo-decoupled", 8, s) for s in [1, 2, 3]}
     assert {r.steps for r in runs} == {1_000_000}
-    # seed 1 of every task first: a study stopped early still covers the ten tasks
+    assert study.ALGORITHMS["ppo-decoupled"] == ("ppo_continuous.py", ["--clip-reference", "proximal"])
     assert {r.task for r in runs[:40]} == set(study.PAPER_TASKS)
 
 
@@ -443,11 +446,33 @@ def test_a_tiny_study_runs_then_resumes_without_rerunning(tmp_path, capsys):
     assert rows[0].startswith("step,episodes,return_mean,policy_lag_mean,backward_tv")
     assert [r.split(",")[0] for r in rows[1:]] == ["2048", "4096"]  # one row per update
     assert float(rows[1].split(",")[study.COLUMNS.index("filter_tv")]) > 0
+    assert float(rows[2].split(",")[study.COLUMNS.index("backward_ratio_max")]) > 1  # a stale snapshot acted
     meta = json.load(open(tmp_path / csv_name.replace(".csv", ".json")))
     assert meta["command"].startswith("python vaco_continuous.py --env-id Hopper-v4 --policy-buffer 8 --seed 1")
+    assert meta["code"] == study.code_version()
     capsys.readouterr()
     study.main(args)
     assert "1 already finished, 0 to go" in capsys.readouterr().out
+
+
+def test_a_run_records_the_commit_and_the_python_files_that_differ_from_it(tmp_path, monkeypatch):
+    def git(*words):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *words], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    monkeypatch.setattr(study, "ROOT", str(tmp_path))
+    assert study.code_version() is None  # not a git repository
+    git("init", "-q")
+    (tmp_path / "script.py").write_text("x = 1\n")
+    (tmp_path / "notes.md").write_text("a\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "notes.md").write_text("b\n")  # not code
+    (tmp_path / "scratch.py").write_text("")  # untracked: trains nothing
+    assert study.code_version() == dict(commit=commit, modified=[])
+    (tmp_path / "script.py").write_text("x = 2\n")
+    assert study.code_version() == dict(commit=commit, modified=["script.py"])
 
 
 @pytest.mark.parametrize("overrides, message", [(dict(preset="gpu"), "unknown preset 'gpu'"),

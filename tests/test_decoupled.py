@@ -1,0 +1,97 @@
+"""Decoupled PPO (`ppo_continuous.py --clip-reference proximal`): its loss and gradient on a worked
+example, and its runs: PPO's bit for bit without lag, its own under lag."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import ppo_continuous as ppo
+
+# Four samples, eps = 0.2. Per sample: the advantage A, w = pi_T/beta, r = pi_theta/pi_T.
+#   1: A = +1, w = 2,   r = 1.1: inside the clip            -> w r A = 2.2,          dL/dlog pi = -w r A / 4 = -0.55
+#   2: A = +1, w = 0.5, r = 1.5: above 1 + eps, A > 0: clipped -> w (1 + eps) A = 0.6, no gradient
+#   3: A = -2, w = 1,   r = 0.5: below 1 - eps, A < 0: clipped -> w (1 - eps) A = -1.6, no gradient
+#   4: A = -1, w = 200, r = 1.5: above 1 + eps, A < 0: min keeps r A; w capped at 100
+#                                                              -> 100 r A = -150,   dL/dlog pi = -100 r A / 4 = 37.5
+# L = -(2.2 + 0.6 - 1.6 - 150) / 4 = 37.2
+ADVANTAGES = [1.0, 1.0, -2.0, -1.0]
+WEIGHTS = [2.0, 0.5, 1.0, 200.0]
+RATIOS = [1.1, 1.5, 0.5, 1.5]
+
+
+def worked_example():
+    behaviour = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    proximal = behaviour + torch.tensor(WEIGHTS).log()
+    newlogprob = (proximal + torch.tensor(RATIOS).log()).requires_grad_()
+    return newlogprob, behaviour, proximal, torch.tensor(ADVANTAGES)
+
+
+def test_worked_example_loss_and_gradient():
+    newlogprob, behaviour, proximal, advantages = worked_example()
+    loss, rho, r = ppo.decoupled_policy_loss(newlogprob, behaviour, proximal, advantages, clip_coef=0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(37.2, rel=1e-6)
+    np.testing.assert_allclose(newlogprob.grad.numpy(), [-0.55, 0.0, 0.0, 37.5], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(r.detach().numpy(), RATIOS, rtol=1e-6)  # the ratio the clip acts on
+    np.testing.assert_allclose(rho.detach().numpy(), np.multiply(WEIGHTS, RATIOS), rtol=1e-6)  # pi_theta/beta
+
+
+def test_ppo_clips_away_the_stale_sample_that_decoupled_ppo_keeps():
+    # sample 1 is stale: pi_theta/beta = 2.2 is far above PPO's clip, so PPO gives it no gradient,
+    # while decoupled PPO, whose r = 1.1 is inside the clip, follows it with weight w = 2
+    newlogprob, behaviour, _, advantages = worked_example()
+    loss, _ = ppo.ppo_policy_loss(newlogprob, behaviour, advantages, clip_coef=0.2)
+    loss.backward()
+    assert newlogprob.grad[0].item() == 0.0
+
+
+def test_without_lag_it_is_ppo_s_loss_and_gradient():
+    # pi_T = beta: w = 1 exactly and r is PPO's ratio, so loss and gradient are PPO's to the bit
+    g = torch.Generator().manual_seed(0)
+    behaviour, advantages = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    shift = 0.3 * torch.randn(64, generator=g)
+    results = []
+    for decoupled in (False, True):
+        newlogprob = (behaviour + shift).requires_grad_()
+        if decoupled:
+            loss = ppo.decoupled_policy_loss(newlogprob, behaviour, behaviour, advantages, 0.2)[0]
+        else:
+            loss = ppo.ppo_policy_loss(newlogprob, behaviour, advantages, 0.2)[0]
+        loss.backward()
+        results.append((loss, newlogprob.grad))
+    (ppo_loss, ppo_grad), (decoupled_loss, decoupled_grad) = results
+    assert decoupled_loss.item() == ppo_loss.item()
+    assert torch.equal(decoupled_grad, ppo_grad) and (ppo_grad == 0).any() and (ppo_grad != 0).any()
+
+
+COMPARED = ["charts/episodic_return", "losses/value_loss", "losses/entropy",
+            "losses/approx_kl", "losses/clipfrac", "losses/tv_divergence", "losses/explained_variance"]
+
+
+def test_at_k1_it_trains_as_ppo_bit_for_bit(train):
+    settings = dict(total_timesteps=512, learning_rate=3e-3)  # 4 updates with large steps: the clip acts
+    _, reference = train(ppo, exp_name="ppo", **settings)
+    _, decoupled = train(ppo, exp_name="decoupled", clip_reference="proximal", **settings)
+    assert max(reference["losses/clipfrac"]) > 0
+    # w = pi_T/beta is 1 only up to rounding here (the learner evaluates the whole batch at once, the
+    # actors one step at a time), and still the gradient, so the run, is PPO's to the bit
+    assert max(reference["charts/backward_ratio_max"]) < 1 + 1e-5
+    for tag in COMPARED:
+        assert decoupled[tag] == reference[tag], tag
+    # the loss's value differs by rounding at most, where the clip binds (its constant is w clip(r) A)
+    np.testing.assert_allclose(decoupled["losses/policy_loss"], reference["losses/policy_loss"], rtol=1e-5)
+
+
+def test_under_lag_it_trains_its_own_way(train):
+    settings = dict(total_timesteps=512, learning_rate=3e-3, policy_buffer=4)
+    _, reference = train(ppo, exp_name="ppo", **settings)
+    _, decoupled = train(ppo, exp_name="decoupled", clip_reference="proximal", **settings)
+    # the first update has no stale snapshot yet: the same; later ones differ
+    assert decoupled["losses/policy_loss"][0] == reference["losses/policy_loss"][0]
+    assert decoupled["losses/policy_loss"][1:] != reference["losses/policy_loss"][1:]
+    weights_mean, weights_max = decoupled["charts/backward_ratio_mean"], decoupled["charts/backward_ratio_max"]
+    assert weights_max[0] == 1.0 and all(m > 1.0 for m in weights_max[1:])  # stale samples: w away from 1
+    assert all(0 < mean <= top for mean, top in zip(weights_mean, weights_max))
+    assert all(math.isfinite(v) and 0 <= v <= 1 for v in decoupled["losses/clipfrac"])
