@@ -37,7 +37,10 @@ from study import DELTAS
 
 SLICES = 10
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
-MAIN_ALGORITHMS = ["ppo", "ppo-kl", "spo", "vaco", "vaco-noalign", "vaco-nofilter", "vaco-none"]
+MAIN_ALGORITHMS = ["ppo", "ppo-kl", "spo", "vaco", "vaco-noalign", "vaco-nofilter", "vaco-none", "ppo-decoupled"]
+# the methods whose share of PPO's lag loss is measured, and their names in the report
+RECOVERERS = {"vaco": "VACO", "ppo-decoupled": "decoupled PPO"}
+LAG_HURTS = 0.9  # a task where lag hurts PPO: PPO at the largest K below this share of PPO at K = 1, above random
 
 
 # --- loading and scoring ------------------------------------------------------------------------
@@ -149,8 +152,8 @@ def probability_of_improvement(pairs, reps, seed):
 
 def diagnostics(runs, key, tasks):
     """Mean over runs (and updates) of the logged lag and filter diagnostics."""
-    columns = ["backward_tv", "approx_kl", "tv_divergence", "filter_tv", "filtered_fraction", "filter_on_fraction",
-               "entropy"]
+    columns = ["backward_tv", "backward_ratio_mean", "backward_ratio_max", "approx_kl", "tv_divergence", "clipfrac",
+               "filter_tv", "filtered_fraction", "filter_on_fraction", "entropy"]
     values = defaultdict(list)
     for meta, rows in runs:
         if (meta["algorithm"], meta["k"]) == key and meta["task"] in tasks:
@@ -195,13 +198,14 @@ def aggregate_section(normalised, keys, tasks, metric, reps, seed):
 
 
 def raw_section(raw, keys, tasks):
-    """Per-task final returns, mean ± std over seeds (n)."""
+    """Per-task final returns, mean ± sample standard deviation over seeds (n)."""
     lines = ["| algorithm | K | " + " | ".join(tasks) + " |", "|-|-|" + "-|" * len(tasks)]
     for key in keys:
         cells = []
         for task in tasks:
             finals = [s["final"] for s in raw.get(key, {}).get(task, {}).values()]
-            cells.append(f"{np.mean(finals):.0f} ± {np.std(finals):.0f} ({len(finals)})" if finals else "")
+            spread = f" ± {np.std(finals, ddof=1):.0f}" if len(finals) > 1 else ""
+            cells.append(f"{np.mean(finals):.0f}{spread} ({len(finals)})" if finals else "")
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -229,32 +233,43 @@ def above_random_ratio(vaco, ppo, random):
     return (np.mean(vaco) - random) / (np.mean(ppo) - random)
 
 
+def interval_cell(values):
+    """Mean and 95% t-interval of a list of final returns ("" if none; one seed has no interval)."""
+    if not values:
+        return ""
+    mean, (lo, hi) = t_interval(values)
+    return f"{mean:.0f} (1 seed)" if len(values) == 1 else f"{mean:.0f} [{lo:.0f}, {hi:.0f}]"
+
+
 def comparison_section(raw, randoms, tasks, ks):
     """Per task: PPO's and VACO's final return (mean and 95% t-interval over seeds) at each K, and
-    their ratio above the random policy."""
+    their ratio above the random policy; decoupled PPO's too, at the K where it ran."""
+    others = {k: [a for a in RECOVERERS if a == "vaco" or (a, k) in raw] for k in ks}
+    header = ["task"]
+    for k in ks:
+        header += [f"PPO K={k}"] + [f"{RECOVERERS[a]}{suffix} K={k}" for a in others[k] for suffix in ("", "/PPO")]
     lines = ["Final return (the episodes of the last 10% of steps): mean over seeds and its 95% Student-t "
-             "interval; VACO/PPO = (VACO − random) / (PPO − random) at the same K, above 1 when VACO is ahead.", "",
-             "| task | " + " | ".join(f"PPO K={k} | VACO K={k} | VACO/PPO K={k}" for k in ks) + " |",
-             "|-|" + "-|-|-|" * len(ks)]
+             "interval; X/PPO = (X − random) / (PPO − random) at the same K, above 1 when X is ahead.", "",
+             "| " + " | ".join(header) + " |", "|" + "-|" * len(header)]
     for task in tasks:
         cells = []
         for k in ks:
-            ppo, vaco = finals(raw, ("ppo", k), task), finals(raw, ("vaco", k), task)
-            for values in (ppo, vaco):
-                mean, (lo, hi) = t_interval(values) if values else (np.nan, (np.nan, np.nan))
-                # one seed has no interval: its return is shown as such
-                cells.append("" if not values else f"{mean:.0f} (1 seed)" if len(values) == 1 else
-                             f"{mean:.0f} [{lo:.0f}, {hi:.0f}]")
-            cells.append(f"{above_random_ratio(vaco, ppo, randoms[task]):.2f}" if ppo and vaco else "")
+            ppo = finals(raw, ("ppo", k), task)
+            cells.append(interval_cell(ppo))
+            for algorithm in others[k]:
+                other = finals(raw, (algorithm, k), task)
+                cells += [interval_cell(other),
+                          f"{above_random_ratio(other, ppo, randoms[task]):.2f}" if ppo and other else ""]
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
 def relative_improvement(raw, randoms, tasks, k, reps, seed):
     """VACO's relative improvement over PPO at one K, over tasks, three ways, with 95% stratified-bootstrap
-    intervals (each task's seeds resampled, per algorithm): the paper's, the mean of (VACO - PPO) / |PPO|
-    of the mean final returns; its median, which one task far ahead cannot carry; and the mean "above
-    random", (VACO - PPO) / (PPO - random), i.e. VACO/PPO above random - 1."""
+    intervals (each task's seeds resampled, per algorithm): the paper's, the mean over tasks of
+    (VACO - PPO) / |PPO| of the per-task mean final returns; the median over tasks of that same per-task
+    number, which one task far ahead cannot carry; and the mean over tasks "above random",
+    (VACO - PPO) / (PPO - random), i.e. VACO/PPO above random - 1."""
     pairs = [(np.array(finals(raw, ("vaco", k), t)), np.array(finals(raw, ("ppo", k), t)), randoms[t]) for t in tasks]
 
     def improvements(means):
@@ -281,7 +296,9 @@ def summary_number_section(raw, randoms, tasks, ks, reps, seed):
     lines = [f"VACO's improvement over PPO at the same K over {len(tasks)} tasks, with 95% stratified-bootstrap "
              f"intervals ({reps} resamples of each task's seeds). *Relative to PPO's return*: (VACO − PPO) / |PPO| "
              "of the mean final returns, its mean over tasks (how the paper's summary reads; its exact definition "
-             "is not given) and its median, which a single task far ahead cannot carry. *Above random*: the mean "
+             "is not given) and its median over tasks (of the same per-task numbers, each from the mean final "
+             "returns), "
+             "which a single task far ahead cannot carry. *Above random*: the mean "
              "over tasks of (VACO − PPO) / (PPO − random), which stays meaningful on tasks whose returns are "
              "negative or near 0.", "",
              "| definition | " + " | ".join(f"K = {k}" for k in ks) + " |", "|-|" + "-|" * len(ks)]
@@ -293,14 +310,122 @@ def summary_number_section(raw, randoms, tasks, ks, reps, seed):
     return lines + [""]
 
 
+def pairs_won(xs, ys):
+    """How many of the pairings (x, y) of two lists of final returns x wins."""
+    return sum(x > y for x in xs for y in ys)
+
+
+def lag_hurt_tasks(raw, randoms, tasks, k):
+    """The tasks where lag hurts PPO: its mean final return at K = k below LAG_HURTS of its mean at
+    K = 1, both measured above the random policy."""
+    def above_random(key, task):
+        return np.mean(finals(raw, key, task)) - randoms[task]
+
+    return [t for t in tasks if finals(raw, ("ppo", 1), t) and finals(raw, ("ppo", k), t)
+            and above_random(("ppo", k), t) < LAG_HURTS * above_random(("ppo", 1), t)]
+
+
+def lag_recovered(raw, tasks, k, algorithms, reps, seed):
+    """The share of PPO's lag loss that each algorithm wins back at K = k, (X_k - PPO_k) / (PPO_1 - PPO_k)
+    of the mean final returns, per task and its mean over tasks, with 95% stratified-bootstrap intervals
+    (the seeds of each algorithm and K resampled within each task). Returns {algorithm: (point, interval)}:
+    point[i] is tasks[i]'s share and point[-1] the mean over tasks; interval is shaped (2, len(tasks) + 1)."""
+    rng = np.random.default_rng(seed)
+
+    def shares(means):
+        per_task = [(x - ppo_k) / (ppo_1 - ppo_k) for x, ppo_k, ppo_1 in means]
+        return np.array(per_task + [np.mean(per_task)])
+
+    estimates = {}
+    for algorithm in algorithms:
+        groups = [[np.array(finals(raw, key, t)) for key in ((algorithm, k), ("ppo", k), ("ppo", 1))] for t in tasks]
+        point = shares([[g.mean() for g in group] for group in groups])
+        with np.errstate(divide="ignore", invalid="ignore"):  # a resample where PPO lost nothing to lag
+            samples = [shares([[rng.choice(g, len(g)).mean() for g in group] for group in groups])
+                       for _ in range(reps)]
+        estimates[algorithm] = point, np.percentile(samples, [2.5, 97.5], axis=0)
+    return estimates
+
+
+def lag_recovered_section(raw, normalised, randoms, tasks, k, reps, seed, out):
+    """The tasks where lag hurts PPO, and on each the share of PPO's loss that VACO and decoupled PPO win
+    back at K = k; their mean over these tasks and P(X > PPO) at K = k, then a figure of it."""
+    hurt = lag_hurt_tasks(raw, randoms, tasks, k)
+    algorithms = [a for a in RECOVERERS if all(finals(raw, (a, k), t) for t in hurt)]
+    if not hurt or not algorithms:
+        return []
+    estimates = lag_recovered(raw, hurt, k, algorithms, reps, seed)
+    pairs = {}
+    for algorithm in algorithms:
+        for name, among in (("these tasks", hurt), (f"all {len(tasks)} tasks", tasks)):
+            x = score_matrix(normalised, (algorithm, k), among, "final")
+            ppo = score_matrix(normalised, ("ppo", k), among, "final")
+            if x is not None and ppo is not None:
+                pairs[f"{algorithm},{name}"] = (x, ppo)
+    improvement = probability_of_improvement(pairs, reps, seed) if pairs else ({}, {})
+    names = [RECOVERERS[a] for a in algorithms]
+    lines = [f"Where lag hurts PPO: the tasks where PPO's mean final return at K = {k} is below {LAG_HURTS} of its "
+             f"mean at K = 1, both measured above the random policy: {', '.join(hurt)}. On each, the share of PPO's "
+             f"loss that X wins back, (X at K = {k} − PPO at K = {k}) / (PPO at K = 1 − PPO at K = {k}) of the mean "
+             "final returns: 1 = all of it, 0 = none, below 0 = X behind PPO under lag. 95% stratified-bootstrap "
+             f"intervals ({reps} resamples of each task's seeds, per algorithm and K). P(X > PPO): the probability "
+             f"that a run of X beats a run of PPO at K = {k} on a task drawn at random (normalised final scores).", "",
+             f"| task | PPO K={k} / K=1, above random | " + " | ".join(names) + " |", "|-|-|" + "-|" * len(names)]
+    for i, task in enumerate(hurt):
+        lost = above_random_ratio(finals(raw, ("ppo", k), task), finals(raw, ("ppo", 1), task), randoms[task])
+        lines.append(f"| {task} | {lost:.2f} | "
+                     + " | ".join(fmt_interval(estimates[a][0][i], estimates[a][1][:, i]) for a in algorithms) + " |")
+    lines.append(f"| **mean over these {len(hurt)} tasks** | | "
+                 + " | ".join(f"**{fmt_interval(estimates[a][0][-1], estimates[a][1][:, -1])}**" for a in algorithms)
+                 + " |")
+    points, intervals = improvement
+    for name in ("these tasks", f"all {len(tasks)} tasks"):
+        cells = [fmt_interval(points[f"{a},{name}"], intervals[f"{a},{name}"].ravel()) if f"{a},{name}" in points
+                 else "" for a in algorithms]
+        lines.append(f"| P(X > PPO) at K={k}, {name} | | " + " | ".join(cells) + " |")
+    lag_recovered_figure(hurt, algorithms, estimates, k, out.path("lag_recovered.png"))
+    return lines + ["", f"![lag recovered]({out.link('lag_recovered.png')})", ""]
+
+
+def disagreement_section(runs, raw, randoms, tasks, k):
+    """Decoupled PPO and VACO at K = k beside PPO: how each does and what each logs. Bold: the tasks where
+    they disagree, one ahead of PPO and the other behind it (mean final returns)."""
+    if not any(finals(raw, ("ppo-decoupled", k), t) for t in tasks):
+        return []
+    lines = [f"At K = {k}, means over runs and updates. *X/PPO*: (X − random) / (PPO − random) of the mean final "
+             "returns. *Clip*: the share of samples outside PPO's clip range, which decoupled PPO measures on "
+             "π_θ/π_T and PPO on π_θ/β. *w*: π_T/β at the update's start, decoupled PPO's weight: its mean, and "
+             "the mean over updates of its largest value. *KL*: approx KL(β ‖ π) per update. Bold: one of VACO and "
+             "decoupled PPO ahead of PPO and the other behind.", "",
+             "| task | VACO/PPO | decoupled/PPO | clip PPO | clip decoupled | w mean | w max | KL PPO | KL VACO | "
+             "KL decoupled | entropy PPO | entropy VACO | entropy decoupled |", "|-|" + "-|" * 12]
+    for task in tasks:
+        ppo, vaco, decoupled = (finals(raw, (a, k), task) for a in ("ppo", "vaco", "ppo-decoupled"))
+        if not (ppo and vaco and decoupled):
+            continue
+        d = {a: diagnostics(runs, (a, k), [task]) for a in ("ppo", "vaco", "ppo-decoupled")}
+        get = lambda a, c: f"{d[a][c]:.3g}" if c in d[a] else ""  # noqa: E731
+        disagree = (np.mean(vaco) > np.mean(ppo)) != (np.mean(decoupled) > np.mean(ppo))
+        cells = [f"{above_random_ratio(vaco, ppo, randoms[task]):.2f}",
+                 f"{above_random_ratio(decoupled, ppo, randoms[task]):.2f}", get("ppo", "clipfrac"),
+                 get("ppo-decoupled", "clipfrac"), get("ppo-decoupled", "backward_ratio_mean"),
+                 get("ppo-decoupled", "backward_ratio_max"), get("ppo", "approx_kl"), get("vaco", "approx_kl"),
+                 get("ppo-decoupled", "approx_kl"), get("ppo", "entropy"), get("vaco", "entropy"),
+                 get("ppo-decoupled", "entropy")]
+        lines.append(f"| {f'**{task}**' if disagree else task} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def diagnostics_section(runs, raw, randoms, tasks, ks):
     """Per task and K, VACO's lag and filter diagnostics beside PPO's, the rows where VACO is behind
-    PPO (mean final return) in bold."""
-    lines = ["Means over runs and updates. *Filter on*: the share of minibatches whose TV exceeded δ; *filtered*: "
-             "the share of samples detached; *KL*: approx KL(β ‖ π) per update; *backward TV*: TV between the "
-             "learner and the behaviour policies at the update's start. Bold: VACO behind PPO at that K.", "",
-             "| task | K | VACO/PPO | filter on | filtered | KL VACO | KL PPO | entropy VACO | entropy PPO | "
-             "backward TV |", "|-|-|-|-|-|-|-|-|-|-|"]
+    PPO (its mean final return below PPO's) in bold, with the seed pairs VACO wins."""
+    lines = ["Means over runs and updates. *Pairs won*: of every pairing of a VACO seed with a PPO seed, those "
+             "where VACO's final return is higher. *Filter on*: the share of minibatches whose TV exceeded δ; "
+             "*filtered*: the share of samples detached; *KL*: approx KL(β ‖ π) per update; *backward TV*: TV "
+             "between the learner and the behaviour policies at the update's start. Bold: VACO behind PPO at "
+             "that K, i.e. its mean final return below PPO's.", "",
+             "| task | K | VACO/PPO | pairs won | filter on | filtered | KL VACO | KL PPO | entropy VACO | "
+             "entropy PPO | backward TV |", "|-|-|-|-|-|-|-|-|-|-|-|"]
     for task in tasks:
         for k in ks:
             ppo, vaco = finals(raw, ("ppo", k), task), finals(raw, ("vaco", k), task)
@@ -311,7 +436,8 @@ def diagnostics_section(runs, raw, randoms, tasks, ks):
             behind = np.mean(vaco) < np.mean(ppo)
             name = f"**{task}**" if behind else task
             lines.append(f"| {name} | {k} | {above_random_ratio(vaco, ppo, randoms[task]):.2f} | "
-                         f"{get(d, 'filter_on_fraction')} | {get(d, 'filtered_fraction')} | {get(d, 'approx_kl')} | "
+                         f"{pairs_won(vaco, ppo)}/{len(vaco) * len(ppo)} | {get(d, 'filter_on_fraction')} | "
+                         f"{get(d, 'filtered_fraction')} | {get(d, 'approx_kl')} | "
                          f"{get(dp, 'approx_kl')} | {get(d, 'entropy')} | {get(dp, 'entropy')} | "
                          f"{get(d, 'backward_tv')} |")
     return lines + [""]
@@ -357,12 +483,16 @@ def main(args: Args):
               f"{len(runs)} finished runs. Random-policy returns: "
               + ", ".join(f"{t} {randoms[t]:.1f}" for t in tasks_all) + "."
               + ("" if ("ppo", 1) in raw else " No run of PPO at K = 1, so no normalised scores: returns only."), "",
-              "## Final returns per task (mean ± std over seeds, number of seeds)", ""]
+              "## Final returns per task (mean ± sample std over seeds, number of seeds)", ""]
     report += marked("per_task", raw_section(raw, keys, tasks_all))
     compared = [t for t in tasks_all if any(finals(raw, (a, k), t) for a in ("ppo", "vaco") for k in ks)]
     if any(a == "vaco" for a, _ in raw):
         head_ks = sorted({min(ks), max(ks)})
         report += titled("VACO against PPO per task", "vaco_vs_ppo", comparison_section(raw, randoms, compared, head_ks))
+        report += titled("Lag recovered", "lag_recovered",
+                         lag_recovered_section(raw, normalised, randoms, compared, max(ks), args.reps, args.seed, out))
+        report += titled("Decoupled PPO and VACO under lag", "decoupled_diagnostics",
+                         disagreement_section(runs, raw, randoms, compared, max(ks)))
         report += titled("Relative improvement of VACO over PPO", "summary_number",
                          summary_number_section(raw, randoms, compared, head_ks, args.reps, args.seed))
         report += titled("Lag and filter diagnostics per task", "diagnostics",
@@ -488,7 +618,7 @@ FIGURE_WIDTH = 6.4
 FONT = {"font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "xtick.labelsize": 11,
         "ytick.labelsize": 11, "legend.fontsize": 11, "legend.title_fontsize": 11, "figure.titlesize": 12}
 # one colour per algorithm in every figure (matplotlib's tab10); the sweep's variants take the rest
-COLOURS = dict(zip(MAIN_ALGORITHMS, [f"C{i}" for i in range(len(MAIN_ALGORITHMS))]))
+COLOURS = dict(zip(MAIN_ALGORITHMS, [f"C{i}" for i in range(len(MAIN_ALGORITHMS) - 1)] + ["C9"]))
 SWEEP_COLOURS = ["C8", "C9", "black", "C7", "gold", "navy"]
 
 
@@ -564,6 +694,32 @@ def delta_figure(plot, sweep, path):
         order = [name for name in labels if name in handles]
         fig.legend([handles[n] for n in order], [labels[n] for n in order], loc="outside upper center", ncol=2,
                    title="normalised IQM with 95 % interval")
+    save(fig, path)
+
+
+def lag_recovered_figure(tasks, algorithms, estimates, k, path):
+    """Per task where lag hurts PPO, and their mean: the share of PPO's lag loss each algorithm wins back."""
+    plt = pyplot()
+    rows = tasks + [f"mean over {len(tasks)} tasks"]
+    height = 0.8 / len(algorithms)
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 1.6 + 0.55 * len(rows)), layout="constrained")
+        for j, algorithm in enumerate(algorithms):
+            point, interval = estimates[algorithm]
+            y = np.arange(len(rows)) + (j - (len(algorithms) - 1) / 2) * height
+            ax.barh(y, point, height=height * 0.9, color=colour(algorithm), alpha=0.8, label=RECOVERERS[algorithm])
+            ax.errorbar(point, y, xerr=[point - interval[0], interval[1] - point], fmt="none", ecolor="black",
+                        capsize=2, lw=1)
+        ax.axvline(0, color="black", lw=0.8)
+        ax.axvline(1, color="grey", lw=0.8, ls="--")
+        ax.axvline(0.5, color="grey", lw=0.8, ls=":")
+        ax.set_yticks(range(len(rows)), rows)
+        ax.set_ylabel("task where lag hurts PPO")
+        ax.invert_yaxis()  # the first task on top, the mean last
+        ax.set_xlabel(f"share of PPO's loss from K = 1 to K = {k} won back\n"
+                      "(0 = PPO's level under lag, 1 = PPO's level without lag)")
+        ax.grid(True, axis="x", alpha=0.25)
+        fig.legend(loc="outside upper center", ncol=len(algorithms), title="mean with 95 % interval")
     save(fig, path)
 
 
@@ -655,7 +811,7 @@ def curves_figure(runs, keys, ks, sweep, path):
     cols = 2 if len(ks) > 1 else 1
     rows = -(-len(ks) // cols)  # per task
     curves, steps = defaultdict(list), {}
-    shown = {"ppo", "vaco", "spo"} | (set(sweep) if len(sweep) <= 3 else set())
+    shown = {"ppo", "vaco", "spo", "ppo-decoupled"} | (set(sweep) if len(sweep) <= 3 else set())
     for meta, rows_ in runs:
         if meta["algorithm"] in shown:
             key = (meta["task"], meta["k"], meta["algorithm"])

@@ -162,8 +162,69 @@ def test_diagnostics_are_shown_beside_ppo_and_rows_where_vaco_is_behind_are_bold
                                                       filtered_fraction=0.1, backward_tv=0.2)]
     raw, _ = analyze.score_table(runs, {"TaskA-v4": 0.0})
     lines = analyze.diagnostics_section(runs, raw, {"TaskA-v4": 0.0}, ["TaskA-v4"], [1, 8])
-    assert "| TaskA-v4 | 1 | 1.50 |  |  | 0.02 | 0.01 | 1 | 1.5 |  |" in lines
-    assert "| **TaskA-v4** | 8 | 0.50 | 0.25 | 0.1 | 0.03 | 0.05 |  |  | 0.2 |" in lines
+    assert "| TaskA-v4 | 1 | 1.50 | 1/1 |  |  | 0.02 | 0.01 | 1 | 1.5 |  |" in lines
+    assert "| **TaskA-v4** | 8 | 0.50 | 0/1 | 0.25 | 0.1 | 0.03 | 0.05 |  |  | 0.2 |" in lines
+
+
+def lag_study_folder(tmp_path):
+    """TaskA and TaskB: lag hurts PPO (it keeps 22 % and 50 % of its K = 1 return above random); VACO wins
+    back 25 % of the loss on TaskA and falls 45 % of it behind on TaskB, decoupled PPO wins back 50 % and
+    100 %. TaskC: lag costs PPO nothing. Every run's seeds spread its returns by 1."""
+    folder, randoms = study_folder(tmp_path, {"TaskA-v4": 0.0, "TaskB-v4": 100.0, "TaskC-v4": 0.0})
+    means = {"TaskA-v4": dict(ppo1=102, ppo8=22, vaco8=42, decoupled8=62),
+             "TaskB-v4": dict(ppo1=302, ppo8=202, vaco8=157, decoupled8=302),
+             "TaskC-v4": dict(ppo1=52, ppo8=52, vaco8=52, decoupled8=52)}
+    for task, m in means.items():
+        for seed in (1, 2, 3):
+            for algorithm, k, mean in (("ppo", 1, m["ppo1"]), ("vaco", 1, m["ppo1"]), ("ppo", 8, m["ppo8"]),
+                                       ("vaco", 8, m["vaco8"]), ("ppo-decoupled", 8, m["decoupled8"])):
+                write_run(folder, task, algorithm, k, seed, [mean - 2 + seed] * 10)
+    return folder, randoms
+
+
+def test_the_share_of_the_lag_loss_won_back_on_the_tasks_where_lag_hurts(tmp_path, saved):
+    folder, _ = lag_study_folder(tmp_path)
+    analyze.main(analyze.Args(results_dir=folder, reps=200))
+    report = open(os.path.join(folder, "report.md")).read()
+    section = report[report.index("[start:lag_recovered]"):report.index("[end:lag_recovered]")]
+    assert "below 0.9 of its mean at K = 1, both measured above the random policy: TaskA-v4, TaskB-v4." in section
+    cells = [[c.strip(" *") for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+             if line.startswith("| ")]
+    rows = {row[0]: row[1:] for row in cells}
+    assert "TaskC-v4" not in rows  # lag costs PPO nothing there
+    assert rows["TaskA-v4"][0] == "0.22" and rows["TaskB-v4"][0] == "0.50"  # PPO K=8 / K=1 above random
+    assert rows["TaskA-v4"][1].startswith("0.25 [") and rows["TaskA-v4"][2].startswith("0.50 [")
+    assert rows["TaskB-v4"][1].startswith("-0.45 [") and rows["TaskB-v4"][2].startswith("1.00 [")
+    mean = rows["mean over these 2 tasks"]
+    assert mean[1].startswith("-0.10 [") and mean[2].startswith("0.75 [")
+    lo, hi = (float(x) for x in mean[2].split(" ", 1)[1].strip("[]").split(", "))
+    assert lo < 0.75 < hi  # the seeds' spread gives the interval its width
+    # decoupled PPO beats PPO in every pairing of runs on TaskA and TaskB; VACO in half of the tasks
+    assert rows["P(X > PPO) at K=8, these tasks"][2].startswith("1.00 [")
+    assert rows["P(X > PPO) at K=8, these tasks"][1].startswith("0.50 [")
+    assert "| P(X > PPO) at K=8, all 3 tasks |" in section
+    # the per-task table carries decoupled PPO at K = 8 beside VACO
+    assert "| task | PPO K=1 | VACO K=1 | VACO/PPO K=1 | PPO K=8 | VACO K=8 | VACO/PPO K=8 | decoupled PPO K=8 | " \
+           "decoupled PPO/PPO K=8 |" in report
+    # the disagreement table: bold where one is ahead of PPO and the other behind (TaskB)
+    diagnostics = report[report.index("[start:decoupled_diagnostics]"):report.index("[end:decoupled_diagnostics]")]
+    assert "| **TaskB-v4** | 0.56 | 1.98 |" in diagnostics and "| TaskA-v4 | 1.91 | 2.82 |" in diagnostics
+    figure = saved[os.path.join(folder, "lag_recovered.png")]
+    readable(figure)
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["TaskA-v4", "TaskB-v4", "mean over 2 tasks"]
+
+
+def test_without_lag_loss_there_is_no_lag_recovered_section(tmp_path):
+    folder, randoms = study_folder(tmp_path)
+    for seed in (1, 2):
+        for task, base in randoms.items():
+            for algorithm in ("ppo", "vaco"):
+                for k in (1, 8):
+                    write_run(folder, task, algorithm, k, seed, [base + 20 + seed] * 10)
+            write_run(folder, task, "ppo-decoupled", 8, seed, [base + 20 + seed] * 10)
+    analyze.main(analyze.Args(results_dir=folder, reps=50))
+    report = open(os.path.join(folder, "report.md")).read()
+    assert "lag_recovered" not in report and "start:decoupled_diagnostics" in report
 
 
 def test_a_folder_without_synchronous_ppo_reports_returns_only(tmp_path, saved):
@@ -216,8 +277,8 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
             write_run(folder, task, "vaco-proximal-0.1", 8, seed, [base + 24 + seed] * 10)
     analyze.main(analyze.Args(results_dir=folder, reps=50))
     saved = {os.path.basename(path): fig for path, fig in saved.items()}
-    assert sorted(saved) == ["aggregates_K1.png", "aggregates_K8.png", "delta_sensitivity.png", "lag_robustness.png",
-                             "learning_curves.png"]
+    assert sorted(saved) == ["aggregates_K1.png", "aggregates_K8.png", "delta_sensitivity.png", "lag_recovered.png",
+                             "lag_robustness.png", "learning_curves.png"]
     for name, fig in saved.items():
         readable(fig, legend=not name.startswith("aggregates"))
         image = Image.open(os.path.join(folder, name))
