@@ -528,6 +528,7 @@ def minibatch_stats(sums: dict, grad_norm, args: Args, switch_tv=None) -> dict:
             "clip_fraction_low": sums["clip_low"] / n, "clip_fraction_high": sums["clip_high"] / n,
             "ratio_mean": sums["ratio"] / n, "ratio_min": sums.get("ratio_min", math.nan),
             "ratio_max": sums.get("ratio_max", math.nan), "entropy": sums["entropy"] / n,
+            "max_abs_log_ratio": max(abs(math.log(sums.get(key, 1.0))) for key in ("ratio_min", "ratio_max")),
             "grad_norm": float(grad_norm), "tv_forward": 0.5 * sums["fwd_dev"] / n, "m2": float(sq.sum()) / n,
             "m2po_masked_fraction": float((sq >= m2po_cutoff(sq, args.m2po_bound)).sum()) / n, "clip_fraction_prox": sums["clip_prox"] / n,
             "is_weight_mean": sums["weight"] / n, "tis_capped_fraction": sums["weight_capped"] / n}
@@ -566,7 +567,7 @@ def log_step(writer, step: int, stats: dict, train_accuracy: float, args: Args) 
         scalars[f"losses/{key}"] = mean(key)
     for k, m in enumerate(mb):  # how the lag grows with the minibatch index k, and when the filter acts
         for key in ("tv", "tv_forward", "filter_on", "filtered_fraction", "clip_fraction", "masked_fraction",
-                    "m2po_masked_fraction"):
+                    "m2po_masked_fraction", "max_abs_log_ratio"):
             scalars[f"lag/{key}_minibatch_{k}"] = m[key]
     for tag, value in scalars.items():
         writer.add_scalar(tag, value, step)

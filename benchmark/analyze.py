@@ -79,6 +79,12 @@ def run_scores(meta, rows):
     return {"final": scores[-1], "auc": np.nanmean(scores)}
 
 
+def window_score(rows, end_step):
+    """The mean return of the episodes that ended in the last 10% of steps before `end_step` (e.g. 0.9M
+    to 1M steps inside a 3M run), whatever the run's length."""
+    return slice_scores([row for row in rows if int(row["step"]) <= end_step], end_step)[-1]
+
+
 def normalise(score, random_score, reference_score):
     """0 = random policy, 1 = the reference (synchronous PPO's mean on the task)."""
     return (score - random_score) / (reference_score - random_score)
@@ -248,8 +254,9 @@ def comparison_section(raw, randoms, tasks, ks):
     header = ["task"]
     for k in ks:
         header += [f"PPO K={k}"] + [f"{RECOVERERS[a]}{suffix} K={k}" for a in others[k] for suffix in ("", "/PPO")]
+    x = "X" if any(len(names) > 1 for names in others.values()) else "VACO"
     lines = ["Final return (the episodes of the last 10% of steps): mean over seeds and its 95% Student-t "
-             "interval; X/PPO = (X − random) / (PPO − random) at the same K, above 1 when X is ahead.", "",
+             f"interval; {x}/PPO = ({x} − random) / (PPO − random) at the same K, above 1 when {x} is ahead.", "",
              "| " + " | ".join(header) + " |", "|" + "-|" * len(header)]
     for task in tasks:
         cells = []
@@ -293,7 +300,7 @@ def summary_number_section(raw, randoms, tasks, ks, reps, seed):
     if not tasks:
         return []
     estimates = {k: relative_improvement(raw, randoms, tasks, k, reps, seed) for k in ks}
-    lines = [f"VACO's improvement over PPO at the same K over {len(tasks)} tasks, with 95% stratified-bootstrap "
+    lines = [f"VACO's improvement over PPO at the same K over {len(tasks)} task{'s' * (len(tasks) > 1)}, with 95% stratified-bootstrap "
              f"intervals ({reps} resamples of each task's seeds). *Relative to PPO's return*: (VACO − PPO) / |PPO| "
              "of the mean final returns, its mean over tasks (how the paper's summary reads; its exact definition "
              "is not given) and its median over tasks (of the same per-task numbers, each from the mean final "
@@ -443,6 +450,25 @@ def diagnostics_section(runs, raw, randoms, tasks, ks):
     return lines + [""]
 
 
+def window_section(runs, end_step):
+    """Per task, algorithm and K: the return of the episodes that ended between 0.9 and 1 x end_step
+    steps, for runs longer than that (mean over seeds and 95% t-interval)."""
+    scores = defaultdict(list)
+    for meta, rows in runs:
+        if meta["total_timesteps"] > end_step:
+            scores[(meta["task"], meta["algorithm"], meta["k"])].append(window_score(rows, end_step))
+    if not scores:
+        return []
+    keys = sorted({(a, k) for _, a, k in scores}, key=lambda key: (key[0] not in MAIN_ALGORITHMS, key))
+    lines = [f"The return of the episodes that ended between {0.9 * end_step:,.0f} and {end_step:,.0f} env steps of "
+             "these longer runs: mean over seeds and its 95% Student-t interval. The learning rate anneals to 0 "
+             "over a run's length, so this is not what a run of that length reaches.", "",
+             "| task | " + " | ".join(f"{a} K={k}" for a, k in keys) + " |", "|-|" + "-|" * len(keys)]
+    for task in sorted({t for t, _, _ in scores}):
+        lines.append(f"| {task} | " + " | ".join(interval_cell(scores.get((task, a, k), [])) for a, k in keys) + " |")
+    return lines + [""]
+
+
 @dataclass
 class Args:
     results_dir: tyro.conf.Positional[str]
@@ -453,6 +479,9 @@ class Args:
     """bootstrap resamples"""
     seed: int = 0
     """seed of the bootstrap: same CSVs and seed, same intervals"""
+    window: Optional[int] = None
+    """also report, for runs longer than this many env steps, their return in the last 10% before it
+    (e.g. 1000000: what 3M-step runs reach at 0.9M-1M steps)"""
 
 
 def main(args: Args):
@@ -497,6 +526,8 @@ def main(args: Args):
                          summary_number_section(raw, randoms, compared, head_ks, args.reps, args.seed))
         report += titled("Lag and filter diagnostics per task", "diagnostics",
                          diagnostics_section(runs, raw, randoms, compared, head_ks))
+    if args.window:
+        report += titled(f"Inside the runs, at {args.window:,} steps", "window", window_section(runs, args.window))
     estimates = {}
     for metric in ("final", "auc"):
         if main_tasks:

@@ -105,11 +105,38 @@ def summarise(run_dir: str, n: int) -> dict:
                completion_length=statistics.mean(values("charts/completion_length")),
                reward=statistics.mean(values("charts/reward_mean")),
                tv=[statistics.mean(values(f"lag/tv_minibatch_{k}")) for k in range(n)],
+               stale_tvs=[tv for k in range(1, n) for tv in values(f"lag/tv_minibatch_{k}")],
+               first_max_abs_log_ratio=values("lag/max_abs_log_ratio_minibatch_0")[0],
+               first_tv=values("lag/tv_minibatch_0")[0],
                filter_on=[statistics.mean(values(f"lag/filter_on_minibatch_{k}")) for k in range(n)],
                filtered=statistics.mean(values("losses/filtered_fraction")),
                clipped=statistics.mean(values("losses/clip_fraction")),
                masked=statistics.mean(values("losses/masked_fraction")))
     return out
+
+
+def round_to_one_figure(x: float) -> float:
+    return float(f"{x:.0e}") if x > 0 else 0.0
+
+
+def assumption_checks(results: list, default_delta: float) -> dict:
+    """What only the run's own hardware can show, from its runs without staleness:
+    - zero_lag_max_abs_log_ratio: the largest |log π_θ - log μ| over minibatch 0's tokens of the first step, before
+      any optimiser step: 0 when the training pass (autocast, activation checkpointing, train mode) reproduces the
+      log-probs the sampling pass stored, as "ρ = 1 exactly at zero lag" needs; zero_lag_tv: the TV it makes;
+    - tv_calibration: the docs' δ rule on the run's own stale minibatches (k >= 1) of its `clip` run: δ = their
+      median TV to one significant figure, beside the script's default."""
+    fresh = [r for r in results if r["staleness"] == 0]
+    if not fresh:
+        return {}
+    checks = {"zero_lag_max_abs_log_ratio": max(r["first_max_abs_log_ratio"] for r in fresh),
+              "zero_lag_tv": max(r["first_tv"] for r in fresh)}
+    clip = next((r for r in fresh if r["loss"] == "clip"), None)
+    if clip and clip["stale_tvs"]:
+        median = statistics.median(clip["stale_tvs"])
+        checks["tv_calibration"] = {"loss": "clip", "stale_minibatches": len(clip["stale_tvs"]), "median_tv": median,
+                                    "delta": round_to_one_figure(median), "default_delta": default_delta}
+    return checks
 
 
 def markdown(results: list, setting: str, command: str) -> str:
@@ -209,18 +236,42 @@ def main():
              "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if a.device == "cuda" else None}
         results.append(r)
         print(json.dumps(r), flush=True)
-        command = shlex.join(["python", "benchmark/grpo_gpu_smoke.py", *sys.argv[1:]])
-        text = markdown(results, setting + (f" Not run (time budget): {', '.join(skipped)}." if skipped else ""), command)
-        (out_dir / "grpo_gpu_smoke.md").write_text(text)  # after every loss: a cut run keeps what it measured
-        (out_dir / "grpo_gpu_smoke.json").write_text(json.dumps({"setting": setting, "command": command,
-                                                                 "results": results, "skipped": skipped}, indent=1) + "\n")
-    if skipped:  # the time budget ran out before the last losses started: say so in the files
-        text = markdown(results, setting + f" Not run (time budget): {', '.join(skipped)}.", command)
-        (out_dir / "grpo_gpu_smoke.md").write_text(text)
-        (out_dir / "grpo_gpu_smoke.json").write_text(json.dumps({"setting": setting, "command": command,
-                                                                 "results": results, "skipped": skipped}, indent=1) + "\n")
+        write(out_dir, results, skipped, setting, g.Args.tv_threshold)  # after every loss: a cut run keeps what it measured
+    text, checks = write(out_dir, results, skipped, setting, g.Args.tv_threshold)
     print(text, flush=True)
+    if checks.get("zero_lag_max_abs_log_ratio", 0.0) > 0:
+        print(f"warning: at zero lag the training pass's log-probs differ from the stored μ's by up to "
+              f"{checks['zero_lag_max_abs_log_ratio']:.3g} (TV {checks['zero_lag_tv']:.3g}, against δ = "
+              f"{g.Args.tv_threshold}): ρ = 1 does not hold exactly on this hardware", flush=True)
     print(f"total {time.time() - start:.0f} s; results in {out_dir}", flush=True)
+
+
+def write(out_dir: Path, results: list, skipped: list, setting: str, default_delta: float):
+    """grpo_gpu_smoke.md and .json in out_dir, with the time budget's cuts and the assumption checks."""
+    command = shlex.join(["python", "benchmark/grpo_gpu_smoke.py", *sys.argv[1:]])
+    setting += f" Not run (time budget): {', '.join(skipped)}." if skipped else ""
+    checks = assumption_checks(results, default_delta)
+    text = markdown(results, setting, command) + checks_markdown(checks)
+    (out_dir / "grpo_gpu_smoke.md").write_text(text)
+    (out_dir / "grpo_gpu_smoke.json").write_text(json.dumps({"setting": setting, "command": command, "results": results,
+                                                             "skipped": skipped, **checks}, indent=1) + "\n")
+    return text, checks
+
+
+def checks_markdown(checks: dict) -> str:
+    if not checks:
+        return ""
+    lines = ["", "## What the first run on this hardware must check", "",
+             f"- Zero lag, minibatch 0 of the first step: largest |log π_θ − log μ| = "
+             f"{checks['zero_lag_max_abs_log_ratio']:.3g}, TV = {checks['zero_lag_tv']:.3g}. VACO's \"ρ = 1 at zero lag\" "
+             "needs 0; anything else is what the training pass's numerics (autocast, checkpointing, kernels) add to "
+             "every TV the filter measures, to be set against δ."]
+    if "tv_calibration" in checks:
+        c = checks["tv_calibration"]
+        lines.append(f"- The δ rule on this run's own stale minibatches ({c['stale_minibatches']} of the `clip` run, "
+                     f"k ≥ 1): median TV {c['median_tv']:.3g}, so δ = {c['delta']:g}, against the script's default "
+                     f"{c['default_delta']:g}.")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

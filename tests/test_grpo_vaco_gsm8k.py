@@ -360,6 +360,24 @@ def test_m2po_masks_the_largest_squared_log_ratios_until_the_second_moment_is_un
     assert g.m2po_token_loss(new, mu, advantages, mask, bound=0.2, cutoff=0.02)[1].sum() == 3
 
 
+def test_m2po_masks_every_token_tied_at_the_cutoff_and_all_when_none_is_under_the_bound():
+    advantages, mask = torch.tensor([1.0, -1.0]), torch.ones(2, 2)
+    mu = torch.zeros(2, 2)
+    # (log ρ)² = 0.09, 0.09, 0.09, 0: masking two of the equal three would bring the mean under 0.05 (0.045),
+    # but which two is arbitrary, so all three tied at the cutoff go: the kept mean is 0
+    new = torch.tensor([[0.3, -0.3], [0.3, 0.0]], requires_grad=True)
+    loss, masked = g.m2po_token_loss(new, mu, advantages, mask, bound=0.05)
+    assert masked.tolist() == [[True, True], [True, False]]
+    loss.backward()  # the kept token's gradient, ρ A / 4 with ρ = 1 and A = -1: masked tokens stay in the mean
+    assert new.grad.flatten().tolist() == pytest.approx([0.0, 0.0, 0.0, 0.25])
+    # every (log ρ)² at or above τ: only the empty set meets the bound, so every token is masked, no gradient
+    new = torch.tensor([[0.5, -0.5], [0.6, -0.4]], requires_grad=True)
+    loss, masked = g.m2po_token_loss(new, mu, advantages, mask, bound=0.1)
+    assert masked.all() and loss.item() == 0.0
+    loss.backward()
+    assert not new.grad.any()
+
+
 def test_m2po_cutoff_is_the_fewest_largest_values_against_brute_force():
     generator = torch.Generator().manual_seed(0)
     for trial in range(200):
@@ -997,6 +1015,23 @@ def test_grpo_study_grid_rule_and_intervals(tmp_path):
     assert sorted(os.listdir(tmp_path / "stale")) == ["vaco_half_N8__s2.csv", "vaco_half_N8__s2.json"]
 
 
+def test_gpu_smoke_checks_report_rounding_at_zero_lag_and_the_delta_rule():
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import grpo_gpu_smoke as smoke
+
+    fresh = dict(staleness=0, first_max_abs_log_ratio=0.0, first_tv=0.0)
+    results = [dict(fresh, loss="clip", stale_tvs=[0.004, 0.0012, 0.03]),
+               dict(fresh, loss="vaco", stale_tvs=[1.0], first_max_abs_log_ratio=0.02, first_tv=0.003),
+               dict(fresh, loss="vaco S4", staleness=4, stale_tvs=[], first_max_abs_log_ratio=5.0, first_tv=1.0)]
+    checks = smoke.assumption_checks(results, default_delta=0.005)
+    # the largest over the runs without staleness (a stale run's minibatch 0 carries the backward lag)
+    assert checks["zero_lag_max_abs_log_ratio"] == 0.02 and checks["zero_lag_tv"] == 0.003
+    assert checks["tv_calibration"] == dict(loss="clip", stale_minibatches=3, median_tv=0.004, delta=0.004,
+                                            default_delta=0.005)  # the clip run's only: the filter does not act
+    assert "median TV 0.004, so δ = 0.004, against the script's default 0.005" in smoke.checks_markdown(checks)
+    assert smoke.round_to_one_figure(0.0049) == 0.005 and smoke.round_to_one_figure(0.041) == 0.04
+
+
 def test_gpu_smoke_command_on_the_cpu(tmp_path):
     """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8 and
     of vaco at S = 4, its table and JSON in --out-dir, and the time budget that stops it starting another run;
@@ -1023,6 +1058,14 @@ def test_gpu_smoke_command_on_the_cpu(tmp_path):
     assert rows["vaco"]["filtered"] > 0 and rows["vaco"]["tv"][2:] != rows["clip"]["tv"][2:]  # the filter acted
     table = (tmp_path / "all" / "grpo_gpu_smoke.md").read_text()
     assert table.count("\n| clip | 0 |") == table.count("\n| vaco | 0 |") == table.count("\n| vaco S4 | 4 |") == 1
+    # on the CPU in fp32 the training pass reproduces μ's log-probs exactly: ρ = 1 at zero lag, no warning
+    assert saved["zero_lag_max_abs_log_ratio"] == 0.0 and saved["zero_lag_tv"] == 0.0
+    assert "warning: at zero lag" not in result.stdout
+    calibration = saved["tv_calibration"]  # the δ rule on the clip run's 7 stale minibatches
+    assert calibration["stale_minibatches"] == 7 and calibration["default_delta"] == 0.005
+    assert calibration["median_tv"] == pytest.approx(sorted(rows["clip"]["tv"][1:])[3])  # one step: its own TVs
+    assert calibration["delta"] == float(f"{calibration['median_tv']:.0e}") > 0
+    assert "What the first run on this hardware must check" in table
     # a budget already spent: the first loss runs, the others are reported as not run
     result = subprocess.run(smoke + ["--out-dir", str(tmp_path / "cut"), "--time-budget", "0"], capture_output=True,
                             text=True, timeout=300, env=env)

@@ -227,6 +227,22 @@ def test_without_lag_loss_there_is_no_lag_recovered_section(tmp_path):
     assert "lag_recovered" not in report and "start:decoupled_diagnostics" in report
 
 
+def test_the_return_at_a_step_inside_longer_runs(tmp_path):
+    # runs of 30 updates of 1000 steps whose update i returns 100 i (+ seed): at 10k steps, the episodes
+    # that ended in (9k, 10k] are update 10's
+    folder, _ = study_folder(tmp_path)
+    for seed in (1, 2, 3):
+        write_run(folder, "TaskA-v4", "ppo", 8, seed, [100.0 * i + seed for i in range(1, 31)])
+        write_run(folder, "TaskA-v4", "vaco", 8, seed, [200.0 * i for i in range(1, 31)])
+    write_run(folder, "TaskA-v4", "ppo", 1, 1, [5.0] * 10)  # 10k steps: not longer, left out
+    lines = analyze.window_section(analyze.load_runs(folder), 10_000)
+    assert "between 9,000 and 10,000 env steps" in lines[0]
+    assert "| task | ppo K=8 | vaco K=8 |" in lines
+    assert "| TaskA-v4 | 1002 [1000, 1004] | 2000 [2000, 2000] |" in lines  # 1002 ± t(0.975, 2) * 1 / sqrt(3)
+    analyze.main(analyze.Args(results_dir=folder, reps=50, window=10_000))
+    assert "[start:window]" in open(os.path.join(folder, "report.md")).read()
+
+
 def test_a_folder_without_synchronous_ppo_reports_returns_only(tmp_path, saved):
     folder, randoms = study_folder(tmp_path)
     for seed in (1, 2):
