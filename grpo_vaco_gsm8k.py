@@ -76,8 +76,8 @@ class Args:
     # GRPO
     loss: Literal["clip", "vaco", "dppo-tv", "decoupled", "tis", "m2po"] = "vaco"
     """the policy loss: `clip` (GRPO's PPO-clip), `vaco` (VACO's TV filter with its minibatch switch), `dppo-tv`
-    (DPPO's binary-TV mask), `decoupled` (AReaL's decoupled PPO), `tis` (PPO-clip with truncated importance
-    weights, as verl, TRL and slime) or `m2po` (M2PO's second-moment mask)"""
+    (DPPO's binary-TV mask), `decoupled` (decoupled PPO, as AReaL's before 2026-03), `tis` (decoupled PPO with
+    truncated importance weights, as slime's `--use-tis`) or `m2po` (M2PO's second-moment mask)"""
     staleness: int = 0
     """S: the batch trained at step t was generated, with its μ log-probs, by the policy of step t - S
     (backward lag; the first S + 1 steps train on batches of the initial policy, ages 0 … S)"""
@@ -119,9 +119,9 @@ class Args:
     your run from its `lag/tv_minibatch_k` curves)"""
     dppo_delta: float = 0.15
     """`dppo-tv`: δ of DPPO's binary-TV mask, on each token's probability |π_θ(y_t) - μ(y_t)| (0.15, the DPPO
-    authors' TV threshold in their verl example `run_qwen30b_dppo.sh`)"""
+    authors' TV threshold in their verl example `run_qwen30b_dppo.sh`, verl v0.7.1, and TRL v1.0-1.8's `DPPOConfig`)"""
     tis_cap: float = 2.0
-    """`tis`: C, the cap of the importance weight min(π_prox/μ, C) (verl and slime use 2, TRL 3)"""
+    """`tis`: C, the cap of the importance weight min(π_prox/μ, C) (2: slime's `--tis-clip`, verl's rollout IS)"""
     m2po_bound: float = 0.04
     """`m2po`: τ, the bound on the minibatch's mean (log ρ)² that M2PO's mask enforces (0.04, as M2PO's scripts)"""
     beta: float = 0.0
@@ -239,7 +239,7 @@ def dppo_tv_token_loss(newlogprobs, mu_logprobs, advantages, mask, delta, num_to
 # --8<-- [start:decoupled_loss]
 def decoupled_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, mask, clip_coef, epsilon_high=None,
                          num_tokens=None, weight_cap=None):
-    """AReaL's decoupled PPO (Fu et al. 2025, arXiv 2505.24298; `ppo_actor_loss_fn` in AReaL's source): the clip
+    """Decoupled PPO (Hilton et al. 2021; AReaL's `ppo_actor_loss_fn` before 2026-03-03, arXiv 2505.24298): the clip
     is centred on the proximal policy π_prox (the learner at the step's start), μ only weights each token:
         ℓ_t = -w_t · min(r_t A, clip(r_t, 1 - ε, 1 + ε_high) A),   r_t = π_θ/π_prox,   w_t = π_prox/μ (no gradient)
     `weight_cap` C truncates w_t to min(w_t, C) (TIS). Returns (loss, clipped, weight)."""
@@ -259,8 +259,8 @@ def decoupled_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, ma
 def tis_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, mask, clip_coef, cap, epsilon_high=None,
                    num_tokens=None):
     """Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you
-    off-policy RL training"), as verl's token-level `rollout_is`, TRL's `vllm_importance_sampling_correction` and
-    slime's `--use-tis` apply it: the decoupled loss with its weight truncated at C. Returns (loss, clipped, weight).
+    off-policy RL training") as slime's `--use-tis` applies it (no dual clip; verl's token-level rollout IS adds
+    one for A < 0): the decoupled loss with its weight truncated at C. Returns (loss, clipped, weight).
         ℓ_t = -min(π_prox/μ, C)_t · min(r_t A, clip(r_t, 1 - ε, 1 + ε_high) A),   r_t = π_θ/π_prox"""
     return decoupled_token_loss(newlogprobs, prox_logprobs, mu_logprobs, advantages, mask, clip_coef, epsilon_high,
                                 num_tokens, weight_cap=cap)
@@ -278,10 +278,11 @@ def m2po_cutoff(sq_log_ratios: torch.Tensor, bound: float) -> float:
 
 
 def m2po_token_loss(newlogprobs, mu_logprobs, advantages, mask, bound, num_tokens=None, cutoff=None):
-    """M2PO (Zheng et al. 2025, arXiv 2510.01161; `_apply_m2po_masking` in AReaL): mask the tokens of largest
-    (log ρ_t)², ρ_t = π_θ/μ, until the second moment M̂2 = mean (log ρ)² of the others is under τ = `bound`, and
-    take an unclipped policy gradient on the rest:
-        M_t = [(log ρ_t)² < cutoff],   ℓ_t = -M_t ρ_t A,   token mean over all valid tokens.
+    """M2PO (Zheng et al. 2025, arXiv 2510.01161): mask the tokens of largest (log ρ_t)², ρ_t = π_θ/μ, until the
+    second moment M̂2 = mean (log ρ)² of the others is under τ = `bound`, and take an unclipped policy gradient
+    on the rest, token mean over all valid tokens (the paper's 1/Σ|o_i|; AReaL drops masked tokens from it):
+        M_t = [(log ρ_t)² < cutoff],   ℓ_t = -M_t ρ_t A.
+    Every token tied at the cutoff is masked, and all of them when no token is under τ (AReaL keeps one).
     Pass the minibatch's `cutoff` when this call sees one micro-batch of it. Returns (loss, masked)."""
     valid = mask.bool()
     log_ratio = torch.where(valid, newlogprobs - mu_logprobs, 0.0)
