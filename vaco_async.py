@@ -770,12 +770,12 @@ def actor_process(rank, world_size, args, port=None):
     try:
         store = None if port is None else dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-        # the one collective: the learner's run name and settings (so message sizes agree whatever each
-        # node's command line said), and a resumed run's actor noise generators
+        # the learner's run name and settings (so message sizes agree whatever each node's command line
+        # said), and a resumed run's noise generator, from the learner itself (`hand_out_settings`)
         startup = [None, None, None]
-        dist.broadcast_object_list(startup, src=0)
-        run_name, learner_args, rng_states = startup
-        run_actor(rank, Args(**learner_args), run_name, rng_states.get(rank))
+        dist.recv_object_list(startup, src=0)
+        run_name, learner_args, rng_state = startup
+        run_actor(rank, Args(**learner_args), run_name, rng_state)
         dist.destroy_process_group()
     except RuntimeError as e:  # gloo's, when the learner is gone: "Connection closed by peer", a timeout
         sys.exit(f"error: actor {rank} stopped: {str(e).splitlines()[0]}")
@@ -1111,9 +1111,21 @@ def launch(args, world_size, store, processes, run_name, rng_states):
     threading.Thread(target=watchdog, daemon=True).start()
     group = {} if store is None else dict(store=store, rank=0, world_size=world_size)  # torchrun's: in the environment
     dist.init_process_group("gloo", timeout=process_group_timeout(args), **group)
+    hand_out_settings(world_size, run_name, args, rng_states)
     joined.set()
-    dist.broadcast_object_list([run_name, vars(args), rng_states], src=0)
     print(f"learner: {world_size - 1} actor(s) joined", flush=True)
+
+
+def hand_out_settings(world_size, run_name, args, rng_states):
+    """Each actor's start-up message, sent by the learner to that actor alone: an actor never depends
+    on another. (A collective would not do: gloo's broadcast relays along a tree of ranks, so an actor
+    killed just after taking its own message took down the actors it was to relay to.) Each send
+    returns once the actor has taken its message."""
+    for rank in range(1, world_size):
+        try:
+            dist.send_object_list([run_name, vars(args), rng_states.get(rank)], dst=rank)
+        except RuntimeError as error:  # gloo's "Connection closed by peer": it died before taking it
+            sys.exit(f"error: actor {rank} was lost during start-up: {str(error).splitlines()[0]}")
 
 
 def shut_down(comm, processes, args):
