@@ -32,6 +32,9 @@ from datetime import timedelta
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import vaco_async  # noqa: E402
+
 
 def free_port():
     with socket.socket() as s:
@@ -47,16 +50,16 @@ def rank_main(rank, world_size, port, handout, results):
     store.wait([f"ready{r}" for r in range(world_size)])
     if rank == 3:
         time.sleep(2.0)  # a slow actor: it posts its receive late
-    message = ["settings"] if rank == 0 else [None]
+    expected = ["run", {"seed": 1}, None]  # vaco_async.py's start-up message: run name, settings, noise state
+    message = list(expected) if rank == 0 else [None, None, None]
     try:
-        if handout == "broadcast":
+        if handout == "broadcast":  # the collective vaco_async.py used to hand them out with
             dist.broadcast_object_list(message, src=0)
-        elif rank == 0:
-            for other in range(1, world_size):
-                dist.send_object_list(message, dst=other)
-        else:
+        elif rank == 0:  # its hand-out now: one message to each actor, from the learner
+            vaco_async.hand_out_settings(world_size, "run", argparse.Namespace(seed=1), {})
+        else:  # as each actor takes it (`actor_process`)
             dist.recv_object_list(message, src=0)
-        results[rank] = "ok" if message == ["settings"] else f"wrong message {message}"
+        results[rank] = "ok" if message == expected else f"wrong message {message}"
     except RuntimeError as error:
         results[rank] = str(error).splitlines()[0][:100]
     if rank == 0:
