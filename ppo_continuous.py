@@ -19,6 +19,7 @@ import collections
 import copy
 import difflib
 import functools
+import math
 import os
 import pickle
 import random
@@ -404,13 +405,15 @@ def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advant
     shows whether it binds). As w > 0, a term is w r A (= rho A, rho = pi_theta/beta) except where the
     clip binds (A > 0 and r > 1 + eps, or A < 0 and r < 1 - eps): there the constant w clip(r) A, with no
     gradient. Written so, the gradient at zero lag (pi_T = beta) is PPO's to the bit, even where log pi_T
-    and log beta differ in their last bits. Returns (loss, rho, r)."""
-    ratio = (newlogprob - behavior_logprob).exp()  # rho = w r
+    and log beta differ in their last bits (unless r and rho fall on either side of 1 +- eps). Returns
+    (loss, rho, r)."""
+    ratio = (newlogprob - behavior_logprob).exp()  # rho = w r, for the statistics
     proximal_ratio = (newlogprob - proximal_logprob).exp()  # r
-    weight = (proximal_logprob - behavior_logprob).exp()  # w, before the cap
-    weighted_ratio = torch.where(weight > max_weight, max_weight * proximal_ratio, ratio)  # min(w, 100) r
+    weight = (proximal_logprob - behavior_logprob).exp().clamp(max=max_weight)  # w, capped
+    # min(w, 100) r = pi_theta / max(beta, pi_T / 100), in logs: no exp can overflow into its gradient
+    weighted_ratio = (newlogprob - torch.maximum(behavior_logprob, proximal_logprob - math.log(max_weight))).exp()
     clipped = torch.where(advantages > 0, proximal_ratio > 1 + clip_coef, proximal_ratio < 1 - clip_coef)
-    clipped_term = weight.clamp(max=max_weight) * torch.clamp(proximal_ratio, 1 - clip_coef, 1 + clip_coef) * advantages
+    clipped_term = weight * torch.clamp(proximal_ratio, 1 - clip_coef, 1 + clip_coef) * advantages
     surrogate = torch.where(clipped, clipped_term.detach(), weighted_ratio * advantages)
     return -surrogate.mean(), ratio, proximal_ratio
 # --8<-- [end:decoupled_policy_loss]

@@ -256,9 +256,10 @@ def code_version():
     return dict(commit=commit, modified=modified)
 
 
-def write_meta(run, out_dir, **extra):
+def write_meta(run, out_dir, code, **extra):
+    """The run's JSON: its command, its place in the grid, the code it ran (`code_version`) and `extra`."""
     meta = dict(command=run.portable_command(), task=run.task, algorithm=run.algorithm, k=run.k,
-                seed=run.seed, total_timesteps=run.steps, code=code_version(), **extra)
+                seed=run.seed, total_timesteps=run.steps, code=code, **extra)
     path = os.path.join(out_dir, run.name + ".json")
     with open(path + ".tmp", "w") as f:
         json.dump(meta, f, indent=1)
@@ -276,16 +277,20 @@ def execute(run, out_dir):
     twin = find_twin(run, out_dir)
     if twin:
         shutil.copyfile(twin + ".csv", os.path.join(out_dir, run.name + ".csv"))
-        write_meta(run, out_dir, same_training_as=os.path.basename(twin), seconds=0.0)
+        with open(twin + ".json") as f:
+            trained_by = json.load(f).get("code")  # the code the twin trained with
+        write_meta(run, out_dir, code=trained_by, same_training_as=os.path.basename(twin), seconds=0.0)
         return 0.0
     scratch = tempfile.mkdtemp(prefix=run.name + ".", dir=os.path.join(RESULTS, "tmp"))
+    code = code_version()  # as the run starts: an edit made while it trains is not its code
     try:
         proc = subprocess.run(run.command(), cwd=scratch, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{run.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
         (run_dir,) = glob.glob(os.path.join(scratch, "runs", "*"))
         write_csv(os.path.join(out_dir, run.name + ".csv"), curve_rows(run_dir))
-        write_meta(run, out_dir, seconds=round(time.time() - start, 1), finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+        write_meta(run, out_dir, code=code, seconds=round(time.time() - start, 1),
+                   finished=time.strftime("%Y-%m-%d %H:%M:%S"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return time.time() - start

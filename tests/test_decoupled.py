@@ -38,6 +38,16 @@ def test_worked_example_loss_and_gradient():
     np.testing.assert_allclose(rho.detach().numpy(), np.multiply(WEIGHTS, RATIOS), rtol=1e-6)  # pi_theta/beta
 
 
+def test_a_weight_too_large_for_float32_is_capped_without_a_nan_gradient():
+    # pi_T/beta = e^94 overflows float32: the capped weight 100 must still give finite, exact gradients
+    behaviour, proximal = torch.tensor([-95.0, -1.0]), torch.tensor([-1.0, -1.0])
+    newlogprob = proximal.clone().requires_grad_()  # r = 1: inside the clip
+    loss, _, _ = ppo.decoupled_policy_loss(newlogprob, behaviour, proximal, torch.tensor([1.0, 1.0]), 0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(100.0 + 1.0) / 2)
+    assert newlogprob.grad.tolist() == pytest.approx([-50.0, -0.5])
+
+
 def test_ppo_clips_away_the_stale_sample_that_decoupled_ppo_keeps():
     # sample 1 is stale: pi_theta/beta = 2.2 is far above PPO's clip, so PPO gives it no gradient,
     # while decoupled PPO, whose r = 1.1 is inside the clip, follows it with weight w = 2

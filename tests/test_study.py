@@ -243,6 +243,18 @@ def test_the_return_at_a_step_inside_longer_runs(tmp_path):
     assert "[start:window]" in open(os.path.join(folder, "report.md")).read()
 
 
+def test_lag_hurts_only_where_synchronous_ppo_beats_random_and_loses_under_lag():
+    finals = {"Hurt-v4": (100.0, 20.0), "Better-v4": (-10.0, -9.5), "Level-v4": (100.0, 95.0)}  # PPO K=1, K=8
+    randoms = {"Hurt-v4": 0.0, "Better-v4": 0.0, "Level-v4": 0.0}
+    runs = [(dict(task=task, algorithm="ppo", k=k, seed=1, total_timesteps=10),
+             [dict(step=10, episodes=1, return_mean=final)])
+            for task, pair in finals.items() for k, final in zip((1, 8), pair)]
+    raw, _ = analyze.score_table(runs, randoms)
+    # Better-v4: synchronous PPO is below random there (and lag helps it): no loss to win back
+    assert analyze.lag_hurt_tasks(raw, randoms, list(finals), 8) == ["Hurt-v4"]
+    assert analyze.lag_hurt_tasks(raw, randoms, list(finals), 1) == []  # no lag, no loss
+
+
 def test_a_folder_without_synchronous_ppo_reports_returns_only(tmp_path, saved):
     folder, randoms = study_folder(tmp_path)
     for seed in (1, 2):
@@ -474,12 +486,14 @@ def test_finished_runs_are_skipped_and_changed_ones_kept_aside(tmp_path):
 def test_a_run_that_trains_like_a_finished_one_reuses_its_results(tmp_path):
     # "vaco" spells out the flags of one of the delta-sweep variants: the same training, another name
     (twin,) = [a for a in study.ALGORITHMS if a != "vaco" and study.ALGORITHMS[a] == study.ALGORITHMS["vaco"]]
-    finished = write_run(str(tmp_path), "Hopper-v4", twin, 8, 2, [1.0, 2.0, 3.0])
+    trained_by = dict(commit="a" * 40, modified=[])
+    finished = write_run(str(tmp_path), "Hopper-v4", twin, 8, 2, [1.0, 2.0, 3.0], code=trained_by)
     run = study.Run("Hopper-v4", "vaco", 8, 2, finished.steps)
     assert study.execute(run, str(tmp_path)) == 0.0  # nothing trained
     assert study.is_finished(run, str(tmp_path))
     assert (tmp_path / f"{run.name}.csv").read_text() == (tmp_path / f"{finished.name}.csv").read_text()
-    assert json.loads((tmp_path / f"{run.name}.json").read_text())["same_training_as"] == finished.name
+    meta = json.loads((tmp_path / f"{run.name}.json").read_text())
+    assert meta["same_training_as"] == finished.name and meta["code"] == trained_by  # the twin's code, not today's
     other_seed = study.Run("Hopper-v4", "vaco", 8, 3, finished.steps)
     assert study.find_twin(other_seed, str(tmp_path)) is None
 
