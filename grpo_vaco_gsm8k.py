@@ -511,6 +511,7 @@ def add_token_sums(sums: dict, newlogprobs, mu_logprobs, prox_logprobs, advantag
     if valid.any():
         sums["ratio_min"] = min(sums.get("ratio_min", math.inf), ratio[valid].min().item())
         sums["ratio_max"] = max(sums.get("ratio_max", -math.inf), ratio[valid].max().item())
+        sums["max_abs_log_ratio"] = max(sums.get("max_abs_log_ratio", 0.0), log_ratio[valid].abs().max().item())
 
 
 def minibatch_stats(sums: dict, grad_norm, args: Args, switch_tv=None) -> dict:
@@ -529,7 +530,7 @@ def minibatch_stats(sums: dict, grad_norm, args: Args, switch_tv=None) -> dict:
             "clip_fraction_low": sums["clip_low"] / n, "clip_fraction_high": sums["clip_high"] / n,
             "ratio_mean": sums["ratio"] / n, "ratio_min": sums.get("ratio_min", math.nan),
             "ratio_max": sums.get("ratio_max", math.nan), "entropy": sums["entropy"] / n,
-            "max_abs_log_ratio": max(abs(math.log(sums.get(key, 1.0))) for key in ("ratio_min", "ratio_max")),
+            "max_abs_log_ratio": sums.get("max_abs_log_ratio", 0.0),
             "grad_norm": float(grad_norm), "tv_forward": 0.5 * sums["fwd_dev"] / n, "m2": float(sq.sum()) / n,
             "m2po_masked_fraction": float((sq >= m2po_cutoff(sq, args.m2po_bound)).sum()) / n, "clip_fraction_prox": sums["clip_prox"] / n,
             "is_weight_mean": sums["weight"] / n, "tis_capped_fraction": sums["weight_capped"] / n}
