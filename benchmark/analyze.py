@@ -339,12 +339,14 @@ def lag_recovered(raw, tasks, k, algorithms, reps, seed):
     """The share of PPO's lag loss that each algorithm wins back at K = k, (X_k - PPO_k) / (PPO_1 - PPO_k)
     of the mean final returns, per task and its mean over tasks, with 95% stratified-bootstrap intervals
     (the seeds of each algorithm and K resampled within each task). Returns {algorithm: (point, interval)}:
-    point[i] is tasks[i]'s share and point[-1] the mean over tasks; interval is shaped (2, len(tasks) + 1)."""
+    point[i] is tasks[i]'s share, point[-2] the mean over tasks and point[-1] the median over tasks (of the
+    per-task shares: a task whose small loss makes its share large cannot carry it); interval is shaped
+    (2, len(tasks) + 2)."""
     rng = np.random.default_rng(seed)
 
     def shares(means):
         per_task = [(x - ppo_k) / (ppo_1 - ppo_k) for x, ppo_k, ppo_1 in means]
-        return np.array(per_task + [np.mean(per_task)])
+        return np.array(per_task + [np.mean(per_task), np.median(per_task)])
 
     estimates = {}
     for algorithm in algorithms:
@@ -385,9 +387,10 @@ def lag_recovered_section(raw, normalised, randoms, tasks, k, reps, seed, out):
         lost = above_random_ratio(finals(raw, ("ppo", k), task), finals(raw, ("ppo", 1), task), randoms[task])
         lines.append(f"| {task} | {lost:.2f} | "
                      + " | ".join(fmt_interval(estimates[a][0][i], estimates[a][1][:, i]) for a in algorithms) + " |")
-    lines.append(f"| **mean over these {len(hurt)} tasks** | | "
-                 + " | ".join(f"**{fmt_interval(estimates[a][0][-1], estimates[a][1][:, -1])}**" for a in algorithms)
-                 + " |")
+    for j, name in ((-2, "mean"), (-1, "median")):
+        lines.append(f"| **{name} over these {len(hurt)} tasks** | | "
+                     + " | ".join(f"**{fmt_interval(estimates[a][0][j], estimates[a][1][:, j])}**" for a in algorithms)
+                     + " |")
     points, intervals = improvement
     for name in ("these tasks", f"all {len(tasks)} tasks"):
         cells = [fmt_interval(points[f"{a},{name}"], intervals[f"{a},{name}"].ravel()) if f"{a},{name}" in points
@@ -735,7 +738,7 @@ def delta_figure(plot, sweep, path):
 def lag_recovered_figure(tasks, algorithms, estimates, k, path):
     """Per task where lag hurts PPO, and their mean: the share of PPO's lag loss each algorithm wins back."""
     plt = pyplot()
-    rows = tasks + [f"mean over {len(tasks)} tasks"]
+    rows = tasks + [f"mean over {len(tasks)} tasks", f"median over {len(tasks)} tasks"]
     height = 0.8 / len(algorithms)
     with plt.rc_context(FONT):
         fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 1.6 + 0.55 * len(rows)), layout="constrained")
@@ -748,13 +751,16 @@ def lag_recovered_figure(tasks, algorithms, estimates, k, path):
         ax.axvline(0, color="black", lw=0.8)
         ax.axvline(1, color="grey", lw=0.8, ls="--")
         ax.axvline(0.5, color="grey", lw=0.8, ls=":")
+        # a task where PPO loses little has a share with a huge interval: the axis stops at -1.5 and 3
+        ends = np.concatenate([estimates[a][1].ravel() for a in algorithms])
+        ax.set_xlim(max(-1.5, ends.min() - 0.1), min(3.0, ends.max() + 0.1))
         ax.set_yticks(range(len(rows)), rows)
         ax.set_ylabel("task where lag hurts PPO")
         ax.invert_yaxis()  # the first task on top, the mean last
         ax.set_xlabel(f"share of PPO's loss from K = 1 to K = {k} won back\n"
-                      "(0 = PPO's level under lag, 1 = PPO's level without lag)")
+                      "(0: PPO under lag, 1: without lag; axis cut at -1.5, 3)")
         ax.grid(True, axis="x", alpha=0.25)
-        fig.legend(loc="outside upper center", ncol=len(algorithms), title="mean with 95 % interval")
+        fig.legend(loc="outside upper center", ncol=len(algorithms), title="estimate with 95 % interval")
     save(fig, path)
 
 
@@ -789,7 +795,8 @@ def lag_figure(points, intervals, ks, main_tasks, path):
         ax.minorticks_off()
         ax.set_xlabel("policy lag K (actors act with one of the last K policies)")
         ax.set_ylabel("IQM of normalised final score\n(1 = PPO at K = 1)")
-        ax.set_title(f"Lag robustness ({', '.join(t.split('-')[0] for t in main_tasks)})")
+        names = ", ".join(t.split("-")[0] for t in main_tasks)
+        ax.set_title(f"Lag robustness ({names})" if len(main_tasks) <= 4 else f"Lag robustness, {len(main_tasks)} tasks")
         ax.grid(True, alpha=0.25)
         fig.legend(loc="outside upper center", ncol=4)
         style = [((Line2D([], [], color="grey", lw=2), Patch(color="grey", alpha=0.15)),

@@ -197,6 +197,7 @@ def test_the_share_of_the_lag_loss_won_back_on_the_tasks_where_lag_hurts(tmp_pat
     assert rows["TaskB-v4"][1].startswith("-0.45 [") and rows["TaskB-v4"][2].startswith("1.00 [")
     mean = rows["mean over these 2 tasks"]
     assert mean[1].startswith("-0.10 [") and mean[2].startswith("0.75 [")
+    assert rows["median over these 2 tasks"][2].startswith("0.75 [")  # of two tasks: their mean
     lo, hi = (float(x) for x in mean[2].split(" ", 1)[1].strip("[]").split(", "))
     assert lo < 0.75 < hi  # the seeds' spread gives the interval its width
     # decoupled PPO beats PPO in every pairing of runs on TaskA and TaskB; VACO in half of the tasks
@@ -211,7 +212,8 @@ def test_the_share_of_the_lag_loss_won_back_on_the_tasks_where_lag_hurts(tmp_pat
     assert "| **TaskB-v4** | 0.56 | 1.98 |" in diagnostics and "| TaskA-v4 | 1.91 | 2.82 |" in diagnostics
     figure = saved[os.path.join(folder, "lag_recovered.png")]
     readable(figure)
-    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["TaskA-v4", "TaskB-v4", "mean over 2 tasks"]
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["TaskA-v4", "TaskB-v4", "mean over 2 tasks",
+                                                                        "median over 2 tasks"]
 
 
 def test_without_lag_loss_there_is_no_lag_recovered_section(tmp_path):
