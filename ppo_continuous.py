@@ -406,12 +406,13 @@ def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advant
     gradient. Written so, the gradient at zero lag (pi_T = beta) is PPO's to the bit, even where log pi_T
     and log beta differ in their last bits (unless r and rho fall on either side of 1 +- eps). Returns
     (loss, rho, r)."""
-    ratio = (newlogprob - behavior_logprob).exp()  # rho = w r
+    logratio = newlogprob - behavior_logprob
+    ratio = logratio.exp()  # rho = w r
     proximal_ratio = (newlogprob - proximal_logprob).exp()  # r
     weight = (proximal_logprob - behavior_logprob).exp()  # w, before the cap (no gradient: both are data)
     # min(w, 100) r; rho's log clamped at 80, far beyond any ratio that trains, since an exp that
     # overflowed would turn the unused branch's zero gradient into NaN
-    finite_ratio = (newlogprob - behavior_logprob).clamp(max=80.0).exp()
+    finite_ratio = logratio.clamp(max=80.0).exp()
     weighted_ratio = torch.where(weight > max_weight, max_weight * proximal_ratio, finite_ratio)
     clipped = torch.where(advantages > 0, proximal_ratio > 1 + clip_coef, proximal_ratio < 1 - clip_coef)
     clipped_term = weight.clamp(max=max_weight) * torch.clamp(proximal_ratio, 1 - clip_coef, 1 + clip_coef) * advantages
