@@ -26,14 +26,14 @@ import os
 import sys
 import warnings
 from collections import defaultdict
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import tyro
 
-import random_scores  # sibling scripts of this folder
-from study import DELTAS
+from study import DELTAS  # a sibling script of this folder
 
 SLICES = 10
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
@@ -49,7 +49,7 @@ def load_runs(results_dir):
     """[(meta, rows)] of every finished run (a JSON beside its CSV) in results_dir."""
     runs = []
     for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
-        if os.path.basename(path) == "random_scores.json":
+        if os.path.basename(path) == RANDOM_SCORES_FILE:
             continue
         with open(path) as f:
             meta = json.load(f)
@@ -132,6 +132,86 @@ def score_matrix(normalised, key, tasks, metric):
     if not seeds:
         return None
     return np.array([[normalised[key][t][s][metric] for t in tasks] for s in seeds])
+
+
+# --- random-policy scores -----------------------------------------------------------------------
+# the 0 of the normalised scores, kept beside the results; its command line: random_scores.py
+
+RANDOM_SCORES_FILE = "random_scores.json"
+
+
+def random_episode_returns(task, seed=0):
+    """Returns of uniformly random actions, one episode after another (episode i reset with seed + i)."""
+    import gymnasium as gym
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = gym.make(task)
+    env.action_space.seed(seed)
+    try:
+        for episode in range(sys.maxsize):
+            env.reset(seed=seed + episode)
+            total, done = 0.0, False
+            while not done:
+                _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+                total += reward
+                done = terminated or truncated
+            yield total
+    finally:
+        env.close()
+
+
+def measure_random(task, reference=None, precision=0.01, min_episodes=20, max_episodes=20_000, seed=0):
+    """Mean random return of `task`, with episodes added until its standard error is at most
+    precision * |reference - mean| (just min_episodes when there is no reference)."""
+    returns = []
+    with closing(random_episode_returns(task, seed)) as episodes:
+        for total in episodes:
+            returns.append(total)
+            n = len(returns)
+            if n >= min_episodes:
+                mean, stderr = np.mean(returns), np.std(returns, ddof=1) / np.sqrt(n)
+                if reference is None or stderr <= precision * abs(reference - mean) or n >= max_episodes:
+                    break
+    return {"mean": float(mean), "stderr": float(stderr), "episodes": n, "reference": reference}
+
+
+def load_random_scores(folder):
+    """{task: entry} from the folder's random_scores.json ({} if none). A bare number is a mean
+    measured over 20 episodes without a precision target."""
+    path = os.path.join(folder, RANDOM_SCORES_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        stored = json.load(f)
+    return {task: v if isinstance(v, dict) else {"mean": v, "episodes": 20, "reference": None}
+            for task, v in stored.items()}
+
+
+def random_score_holds(entry, reference, precision):
+    """Whether a stored entry meets the precision against this PPO mean."""
+    if reference is None:
+        return True
+    return "stderr" in entry and entry["stderr"] <= precision * abs(reference - entry["mean"])
+
+
+def update_random_scores(folder, tasks, references, precision=0.01, min_episodes=20):
+    """Measure every task of `tasks` whose stored entry is missing or no longer meets the precision;
+    write the file when anything changed. Returns {task: entry}."""
+    entries = load_random_scores(folder)
+    changed = False
+    for task in tasks:
+        reference = references.get(task)
+        if task not in entries or not random_score_holds(entries[task], reference, precision):
+            entries[task] = measure_random(task, reference, precision, min_episodes)
+            changed = True
+            e = entries[task]
+            print(f"{task}: random {e['mean']:.2f} ± {e['stderr']:.2f} (standard error, {e['episodes']} episodes)"
+                  + (f", PPO {reference:.1f}" if reference is not None else ", no PPO K = 1 run yet"), flush=True)
+    if changed:
+        with open(os.path.join(folder, RANDOM_SCORES_FILE), "w") as f:
+            json.dump(entries, f, indent=1, sort_keys=True)
+    return entries
 
 
 # --- aggregates ---------------------------------------------------------------------------------
@@ -498,9 +578,9 @@ def main(args: Args):
         sys.exit(f"error: no finished runs (JSON + CSV) in {args.results_dir}")
     tasks_all = sorted({meta["task"] for meta, _ in runs})
     # measured once per task and stored beside the results (benchmark/random_scores.py sets the precision)
-    stored = random_scores.load(args.results_dir)
-    random_scores.update(args.results_dir, [t for t in tasks_all if t not in stored], ppo_references(runs))
-    randoms = {task: entry["mean"] for task, entry in random_scores.load(args.results_dir).items()}
+    stored = load_random_scores(args.results_dir)
+    update_random_scores(args.results_dir, [t for t in tasks_all if t not in stored], ppo_references(runs))
+    randoms = {task: entry["mean"] for task, entry in load_random_scores(args.results_dir).items()}
     raw, normalised = score_table(runs, randoms)
     figures_dir = args.figures_dir or args.results_dir
     os.makedirs(figures_dir, exist_ok=True)

@@ -646,11 +646,11 @@ def test_random_scores_meet_their_precision_against_ppo_and_are_measured_once(tm
     write_run(folder, "Reacher-v4", "ppo", 1, 1, [-5.0] * 10)  # PPO's final return: -5
     write_run(folder, "Reacher-v4", "vaco", 1, 1, [-6.0] * 10)
     random_scores.main(random_scores.Args(folder))
-    entry = random_scores.load(folder)["Reacher-v4"]
+    entry = analyze.load_random_scores(folder)["Reacher-v4"]
     assert entry["reference"] == -5.0 and entry["episodes"] > 20
     assert entry["stderr"] <= 0.01 * abs(-5.0 - entry["mean"])
     # the fewest episodes that meet it: one episode fewer does not
-    returns = list(itertools.islice(random_scores.episode_returns("Reacher-v4"), entry["episodes"]))
+    returns = list(itertools.islice(analyze.random_episode_returns("Reacher-v4"), entry["episodes"]))
     assert np.mean(returns) == pytest.approx(entry["mean"])
     shorter = returns[:-1]
     assert np.std(shorter, ddof=1) / np.sqrt(len(shorter)) > 0.01 * abs(-5.0 - np.mean(shorter))
@@ -658,10 +658,59 @@ def test_random_scores_meet_their_precision_against_ppo_and_are_measured_once(tm
     random_scores.main(random_scores.Args(folder))  # already precise enough: nothing measured again
     assert capsys.readouterr().out == ""
     # a task without a PPO K = 1 run gets the minimum, and a bare number (20 episodes) still loads
-    assert random_scores.measure("Reacher-v4", None)["episodes"] == 20
+    assert analyze.measure_random("Reacher-v4", None)["episodes"] == 20
     with open(os.path.join(folder, "random_scores.json"), "w") as f:
         json.dump({"Reacher-v4": -43.0}, f)
-    assert random_scores.load(folder)["Reacher-v4"]["mean"] == -43.0
+    assert analyze.load_random_scores(folder)["Reacher-v4"]["mean"] == -43.0
+
+
+def benchmark_imports(sources):
+    """{module: {sibling modules it imports anywhere, even inside a function}} of {module: source}."""
+    import ast
+
+    graph = {}
+    for module, source in sources.items():
+        imported = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+        graph[module] = imported & set(sources) - {module}
+    return graph
+
+
+def import_cycle(graph):
+    """A list of modules that import each other in a circle, or None."""
+    done, path = set(), []
+
+    def visit(module):
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        cycle = next(filter(None, map(visit, sorted(graph[module]))), None)
+        path.pop()
+        done.add(module)
+        return cycle
+
+    return next(filter(None, map(visit, sorted(graph))), None)
+
+
+def test_benchmark_scripts_import_each_other_one_way_only():
+    folder = os.path.dirname(analyze.__file__)
+    sources = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name)) as f:
+                sources[name[: -len(".py")]] = f.read()
+    graph = benchmark_imports(sources)
+    assert "analyze" in graph["random_scores"] and "random_scores" not in graph["analyze"]
+    assert import_cycle(graph) is None, " -> ".join(import_cycle(graph))
+    # the check itself finds a circle, even one through an import inside a function
+    circle = {"a": "import b\n", "b": "def f():\n    from c import x\n", "c": "import a.sub\n"}
+    assert import_cycle(benchmark_imports(circle)) == ["a", "b", "c", "a"]
 
 
 def test_random_scores_bad_input(tmp_path):
