@@ -25,7 +25,6 @@ import difflib
 import functools
 import os
 import pickle
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -41,28 +40,6 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment: same seed, machine and flags give the same returns"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "vaco"
-    """the wandb's project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """whether to capture videos of the agent performances (env 0, saved to `videos/<run_name>`)"""
-    save_model: bool = False
-    """whether to save a checkpoint to `runs/<run_name>/` and then evaluate it"""
-    eval_episodes: int = 10
-    """episodes of deterministic evaluation of the saved checkpoint (with `--save-model`)"""
-    checkpoint_every: int = 0
-    """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
-    resume: Optional[str] = None
-    """continue a run from a checkpoint it saved, up to `--total-timesteps` (the envs start new
-    episodes; the logs go to a new run folder)"""
-
     # Algorithm specific arguments
     env_id: str = "Hopper-v4"
     """the id of the environment (a MuJoCo task, v4 or v5)"""
@@ -105,9 +82,32 @@ class Args:
     # Simulated asynchrony
     policy_buffer: int = 1
     """K: actors act with one of the learner's last K policy snapshots (1 = synchronous training)"""
+
+    # Run management: naming, logging, checkpoints, evaluation, speed
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment: same seed, machine and flags give the same returns"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "vaco"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (env 0, saved to `videos/<run_name>`)"""
+    save_model: bool = False
+    """whether to save a checkpoint to `runs/<run_name>/` and then evaluate it"""
+    eval_episodes: int = 10
+    """episodes of deterministic evaluation of the saved checkpoint (with `--save-model`)"""
+    checkpoint_every: int = 0
+    """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
+    resume: Optional[str] = None
+    """continue a run from a checkpoint it saved, up to `--total-timesteps` (the envs start new
+    episodes; the logs go to a new run folder)"""
     compile: bool = True
-    """compile the minibatch update (loss, gradient, clipping, Adam) into one program (torch.compile;
-    paid once, at the first update); `--no-compile` runs the same function eagerly"""
+    """compile the minibatch update (loss, gradient, clipping, Adam) into one program with torch.compile,
+    paid once at the first update (`--no-compile`: the same function, eagerly)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -118,46 +118,16 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
-def check_args(args: Args) -> None:
-    """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.epsilon <= 0:
-        sys.exit(f"error: --epsilon must be positive, got {args.epsilon}")
-    if args.policy_buffer < 1:
-        sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
-    for name in ("eval_episodes", "checkpoint_every"):
-        if getattr(args, name) < 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.batch_size % args.num_minibatches:
-        sys.exit(
-            f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
-            f"is not divisible by --num-minibatches {args.num_minibatches}"
-        )
-    if args.total_timesteps < args.batch_size:
-        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size})")
-    if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
-        sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
-                 "first from the logged returns; pip install 'gymnasium>=1.4'")
-    if args.env_id not in gym.registry:
-        close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        sys.exit(f"error: unknown environment id '{args.env_id}'{hint}")
-
-
-def make_env(env_id, idx, capture_video, run_name):
-    def thunk():
-        if capture_video and idx == 0:
-            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}")
-        return gym.make(env_id)
-
-    return thunk
-
 
 def make_envs(args, run_name):
+    env_fns = [functools.partial(gym.make, args.env_id) for _ in range(args.num_envs)]
+    if args.capture_video:  # env 0 films its episodes
+        if "DISPLAY" not in os.environ:
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
+        env_fns[0] = lambda: gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"),
+                                                      f"videos/{run_name}")
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
+        env_fns,
         # SAME_STEP: a finished sub-env resets within the step and hands back its last observation
         # in infos["final_obs"]. So no dummy transition (NEXT_STEP's reset step, whose action is
         # ignored) enters the batch, and truncations can bootstrap from V(final observation).
@@ -182,17 +152,10 @@ def with_final_obs(obs, infos):
 
 
 class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
-    """gymnasium's running mean and variance over batches (Chan et al.'s parallel algorithm, float64
-    statistics), with its state as tensors and a number: checkpoints load with weights_only=True."""
+    """gymnasium's running mean and variance over batches (Chan et al.'s parallel algorithm), in float64."""
 
     def update(self, x):
         super().update(np.asarray(x, dtype=np.float64))  # float64 sums, whatever the observations' dtype
-
-    def state_dict(self):
-        return {"mean": torch.as_tensor(self.mean), "var": torch.as_tensor(self.var), "count": float(self.count)}
-
-    def load_state_dict(self, state):
-        self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
 
 
 def normalize_obs(obs, obs_rms, clip=10.0):
@@ -286,46 +249,41 @@ class PolicyBuffer:
         self.snapshots.append(copy.deepcopy(actor).requires_grad_(False))
 
     def sample_ages(self, num_actors, rng):
-        """Each actor draws one snapshot uniformly among those held (fewer than K early on); `act`
-        uses these ages until the next draw. Returns the ages."""
+        """Each actor draws one snapshot uniformly among those held (fewer than K early on), to act
+        with until the next draw. Returns the ages, and the actors grouped by age for `act`."""
         ages = rng.integers(len(self.snapshots), size=num_actors)
-        self.groups = [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
-        return ages
+        return ages, [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
 
     def __getitem__(self, age):
         return self.snapshots[-1 - age]
 
-    def state_dict(self):
-        return [snapshot.state_dict() for snapshot in self.snapshots]  # oldest first
-
-    def load_state_dict(self, states):
-        for state in states:
-            snapshot = copy.deepcopy(self.snapshots[-1])
-            snapshot.load_state_dict(state)
-            self.snapshots.append(snapshot)  # the deque keeps the newest K
-
     @torch.inference_mode()
-    def act(self, obs, generator):
-        """Sample each actor's action from its own snapshot; returns (action, behaviour log-prob)."""
-        if len(self.groups) == 1:  # all actors share one snapshot (always when K = 1): skip the scatter
-            mean, logstd = self[self.groups[0][0]](obs)
+    def act(self, obs, groups, generator):
+        """Sample each actor's action from its own snapshot (`groups`: [(age, actor indices)]); returns
+        (action, behaviour log-prob)."""
+        if len(groups) == 1:  # all actors share one snapshot (always when K = 1): skip the scatter
+            mean, logstd = self[groups[0][0]](obs)
         else:
             mean = torch.empty(obs.shape[0], self[0].logstd.shape[-1])
             logstd = torch.empty_like(mean)
-            for age, envs_idx in self.groups:  # one forward per snapshot in use
+            for age, envs_idx in groups:  # one forward per snapshot in use
                 mean[envs_idx], logstd[envs_idx] = self[age](obs[envs_idx])
         action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
         return action, gaussian_logprob(action, mean, logstd)
 
 
-def collect_rollout(envs, policy_buffer, obs_rms, reward_scaler, current_obs, rollout, generator):
-    """Step the envs `num_steps` times, each actor with the snapshot it drew (observation statistics
-    updated at every step), writing the transitions into `rollout`. Returns the normalised
-    observation to continue from and the episodes that ended: (return, length, step)."""
+def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scaler, current_obs, generator):
+    """Step the envs `num_steps` times, each actor with the snapshot it drew (observation statistics updated
+    at every step). Returns the rollout, time-major [T, N, ...], where next_obs[t] is the real s_{t+1} (the
+    final observation where an episode ended at t), the normalised observation to continue from, and the
+    episodes that ended: (return, length, step)."""
+    shapes = dict(obs=envs.single_observation_space.shape, next_obs=envs.single_observation_space.shape,
+                  actions=envs.single_action_space.shape, logprobs=(), rewards=(), terminations=(), dones=())
+    rollout = {key: np.zeros((num_steps, envs.num_envs, *shape), np.float32) for key, shape in shapes.items()}
     episodes = []
-    for step in range(rollout["obs"].shape[0]):
+    for step in range(num_steps):
         rollout["obs"][step] = current_obs
-        action, logprob = policy_buffer.act(torch.as_tensor(current_obs), generator)
+        action, logprob = policy_buffer.act(torch.as_tensor(current_obs), groups, generator)
         rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
 
         raw_obs, reward, termination, truncation, infos = envs.step(
@@ -341,7 +299,7 @@ def collect_rollout(envs, policy_buffer, obs_rms, reward_scaler, current_obs, ro
         if done.any():
             for i in np.flatnonzero(infos["_episode"]):
                 episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
-    return current_obs, episodes
+    return rollout, current_obs, episodes
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
@@ -459,37 +417,165 @@ def train_step(params, adam, flat, indices, lr, agent, args):
 # --8<-- [end:train_step]
 
 
-def compile_train_step(step, enabled):
-    """torch.compile(step), compiled at its first call, which decides once per run: where the backend
-    cannot compile (no C++ compiler, say) one line says so and `step` runs eagerly from then on; any
-    other error is the step's own and is raised. `enabled` False: `step` itself."""
+def main(args: Args):
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // args.num_minibatches)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    check_args(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+    # env setup
+    envs = make_envs(args, run_name)
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+
+    torch.manual_seed(args.seed)  # the networks' initial weights
+    torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
+    generator = torch.Generator().manual_seed(args.seed)  # minibatch order
+    action_generator = torch.Generator().manual_seed(args.seed + 1)  # the actors' action noise
+    lag_rng = np.random.default_rng(args.seed)  # which snapshot each actor draws
+
+    agent = Agent(obs_dim, act_dim)
+    params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
+    adam = adam_state(params)
+    lr = torch.tensor(args.learning_rate)
+    update = compiled_or_eager(train_step, args.compile)
+    policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
+    obs_rms = RunningMeanStd(shape=(obs_dim,))
+    reward_scaler = RewardScaler(args.num_envs, args.gamma)
+    # what a checkpoint holds, and --resume restores
+    saved = dict(agent=agent, optimizer=adam, obs_rms=obs_rms, reward_rms=reward_scaler.return_rms,
+                 policy_buffer=policy_buffer, generator=generator, action_generator=action_generator, lag_rng=lag_rng)
+    global_step, start_iteration, num_iterations = resume(args, saved)  # 0, 1, args.num_iterations without --resume
+    writer = open_logs(args, run_name)  # after every check: a run that exits early leaves no logs
+
+    recent_returns = collections.deque(maxlen=100)
+    progress = Progress(global_step, global_step + (num_iterations - start_iteration + 1) * args.batch_size)
+    raw_obs, _ = envs.reset(seed=args.seed)
+    obs_rms.update(raw_obs)
+    current_obs = normalize_obs(raw_obs, obs_rms)
+
+    for iteration in range(start_iteration, num_iterations + 1):
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            lr.fill_(frac * args.learning_rate)
+
+        # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
+        ages, groups = policy_buffer.sample_ages(args.num_envs, lag_rng)
+        writer.add_scalar("charts/policy_lag_mean", ages.mean(), global_step)
+        writer.add_scalar("charts/policy_lag_max", ages.max(), global_step)
+        rollout, current_obs, episodes = collect_rollout(envs, args.num_steps, policy_buffer, groups, obs_rms,
+                                                         reward_scaler, current_obs, action_generator)
+        for ret, length, step in episodes:
+            recent_returns.append(ret)
+            ended_at = global_step + (step + 1) * args.num_envs  # logged at the env step that ended it
+            writer.add_scalar("charts/episodic_return", ret, ended_at)
+            writer.add_scalar("charts/episodic_length", length, ended_at)
+        global_step += args.batch_size
+
+        b = {key: torch.as_tensor(value) for key, value in rollout.items()}
+        b.update(estimate_advantages(agent, b, args))
+        # Backward lag: how far the learner already is from the behaviour policies, before any step.
+        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
+        writer.add_scalar("charts/backward_tv", 0.5 * (start_ratio - 1).abs().mean().item(), global_step)
+        # its importance ratios pi_T/beta: V-trace's rho in VACO, decoupled PPO's weight w
+        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
+
+        # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
+                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
+
+        # Optimizing the policy and value network
+        stats = collections.defaultdict(list)
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, generator=generator)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                for name, value in update(params, adam, flat, mb_inds, lr, agent, args).items():
+                    stats[name].append(value)
+
+            if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
+                break
+
+        # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
+        policy_buffer.push(agent.actor)
+
+        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        sps = progress.update(global_step, recent_returns, lag=ages.mean(), last=iteration == num_iterations)
+        writer.add_scalar("charts/learning_rate", lr.item(), global_step)
+        for name, values_list in stats.items():  # means over all minibatches of the update
+            writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
+                and iteration < num_iterations:
+            save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
+                            checkpoint_of(saved, global_step, iteration, args))
+
+    envs.close()
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_checkpoint(model_path, checkpoint_of(saved, global_step, num_iterations, args))
+        evaluate(model_path, args, writer)
+    close_logs(writer, args)
+
+
+# ==================================== run management ====================================
+# Input checks, compile or not, checkpoints, resume, evaluation, logs, progress: main calls each in one line.
+
+
+def check_args(args: Args) -> None:
+    """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.epsilon <= 0:
+        sys.exit(f"error: --epsilon must be positive, got {args.epsilon}")
+    if args.policy_buffer < 1:
+        sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
+    for name in ("eval_episodes", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.batch_size % args.num_minibatches:
+        sys.exit(f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
+                 f"is not divisible by --num-minibatches {args.num_minibatches}")
+    if args.total_timesteps < args.batch_size:
+        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size})")
+    if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
+        sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
+                 "first from the logged returns; pip install 'gymnasium>=1.4'")
+    if args.env_id not in gym.registry:
+        close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        sys.exit(f"error: unknown environment id '{args.env_id}'{hint}")
+
+
+def compiled_or_eager(step, enabled):
+    """`step` compiled into one program by torch.compile, or `step` itself: with `enabled` False, or where
+    the backend cannot compile here (no C++ compiler, say), which one line says. Decided once, before
+    training, by compiling a tiny program; `step` compiles at its first call (an error of its own is raised)."""
     if not enabled:
         return step
-    compiled = torch.compile(step, fullgraph=True)
-
-    def first_call(*args):
-        nonlocal chosen
-        start = time.time()
-        try:
-            out = compiled(*args)  # the program runs after it compiled: a failure leaves the inputs untouched
-        except torch._dynamo.exc.BackendCompilerFailed as error:
-            inner = f"{type(error.inner_exception).__name__}: {error.inner_exception}".splitlines()[0][:200]
-            print(f"note: torch.compile failed ({inner}); the update runs eagerly", flush=True)
-            chosen = step
-            return step(*args)
-        print(f"compiled the update step in {time.time() - start:.1f} s (--no-compile skips this)", flush=True)
-        chosen = compiled
-        return out
-
-    chosen = first_call
-    return lambda *args: chosen(*args)
+    try:
+        torch.compile(lambda x: x + 1, fullgraph=True)(torch.zeros(2))
+    except torch._dynamo.exc.BackendCompilerFailed as error:
+        inner = f"{type(error.inner_exception).__name__}: {error.inner_exception}".splitlines()[0][:200]
+        print(f"note: torch.compile failed ({inner}); the update runs eagerly", flush=True)
+        return step
+    print("compiling the update step at the first update (--no-compile skips this)", flush=True)
+    return torch.compile(step, fullgraph=True)
 
 
-def save_checkpoint(path, state):
-    """`state` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
+def save_checkpoint(path, checkpoint):
+    """`checkpoint` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
     if os.path.exists(path):  # the run directory is new, so this only guards against misuse
         raise FileExistsError(f"refusing to overwrite {path}")
-    torch.save(state, path)
+    torch.save(checkpoint, path)
+    print(f"model saved to {path}", flush=True)
 
 
 def load_checkpoint(path):
@@ -504,53 +590,97 @@ def load_checkpoint(path):
         sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
 
 
+def checkpoint_of(saved, global_step, iteration, args):
+    """Everything a resumed run needs, of the objects in `saved`, as tensors and plain numbers."""
+    return {"agent": saved["agent"].state_dict(), "optimizer": saved["optimizer"],
+            "obs_rms": rms_state(saved["obs_rms"]), "reward_rms": rms_state(saved["reward_rms"]),
+            "policy_buffer": [snapshot.state_dict() for snapshot in saved["policy_buffer"].snapshots],  # oldest first
+            "generator": saved["generator"].get_state(), "action_generator": saved["action_generator"].get_state(),
+            "lag_rng": saved["lag_rng"].bit_generator.state,
+            "global_step": global_step, "iteration": iteration, "args": vars(args)}
+
+
+def resume(args, saved):
+    """Load the checkpoint `--resume` names into the objects in `saved`, after checking it against these
+    settings. Returns the step and the update to go on from, and the last update: a resumed run trains
+    the whole batches that fit in what is left of the budget (its batch size may differ). Without
+    `--resume`: 0, 1 and args.num_iterations."""
+    if args.resume is None:
+        return 0, 1, args.num_iterations
+    if not os.path.isfile(args.resume):
+        sys.exit(f"error: --resume {args.resume}: no such file")
+    checkpoint = load_checkpoint(args.resume)
+    global_step, iteration = checkpoint["global_step"], checkpoint["iteration"]
+    if checkpoint["args"]["env_id"] != args.env_id:
+        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
+                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
+    if args.total_timesteps - global_step < args.batch_size:
+        sys.exit(f"error: --resume {args.resume} is already at step {global_step}; "
+                 f"raise --total-timesteps above it to train on")
+    try:
+        saved["agent"].load_state_dict(checkpoint["agent"])
+    except (RuntimeError, ValueError, KeyError) as error:
+        sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+    adam = saved["optimizer"]  # saved with that agent, so it fits
+    adam["step"].copy_(checkpoint["optimizer"]["step"])
+    for moment in ("exp_avg", "exp_avg_sq"):
+        for name, value in checkpoint["optimizer"][moment].items():
+            adam[moment][name].copy_(value)
+    load_rms_state(saved["obs_rms"], checkpoint["obs_rms"])
+    load_rms_state(saved["reward_rms"], checkpoint["reward_rms"])
+    for state in checkpoint["policy_buffer"]:  # oldest first; the buffer keeps the newest K
+        snapshot = copy.deepcopy(saved["policy_buffer"][0])
+        snapshot.load_state_dict(state)
+        saved["policy_buffer"].snapshots.append(snapshot)
+    saved["generator"].set_state(checkpoint["generator"])
+    saved["action_generator"].set_state(checkpoint["action_generator"])
+    saved["lag_rng"].bit_generator.state = checkpoint["lag_rng"]
+    print(f"resumed from {args.resume} at step {global_step} (update {iteration})")
+    return global_step, iteration + 1, iteration + (args.total_timesteps - global_step) // args.batch_size
+
+
+def rms_state(rms):
+    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+
+
+def load_rms_state(rms, state):
+    rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
+
+
 def load_agent(path, obs_dim, act_dim):
     checkpoint = load_checkpoint(path)
     agent = Agent(obs_dim, act_dim)
     agent.load_state_dict(checkpoint["agent"])
     obs_rms = RunningMeanStd(shape=(obs_dim,))
-    obs_rms.load_state_dict(checkpoint["obs_rms"])
+    load_rms_state(obs_rms, checkpoint["obs_rms"])
     return agent, obs_rms
 
 
 @torch.inference_mode()
-def evaluate(path, env_id, eval_episodes, seed):
-    """Episodic returns of the saved policy: mean actions, frozen observation statistics."""
-    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+def evaluate(path, args, writer):
+    """--eval-episodes episodes of the saved policy (mean actions, frozen observation statistics), their
+    returns logged as eval/episodic_return."""
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make(args.env_id))
     agent, obs_rms = load_agent(path, env.observation_space.shape[0], env.action_space.shape[0])
     returns = []
-    obs, _ = env.reset(seed=seed)
-    while len(returns) < eval_episodes:
+    obs, _ = env.reset(seed=args.seed + 10_000)
+    while len(returns) < args.eval_episodes:
         mean, _ = agent.actor(torch.as_tensor(normalize_obs(obs[None], obs_rms)))
         action = np.clip(mean[0].numpy(), env.action_space.low, env.action_space.high)
         obs, _, terminated, truncated, info = env.step(action)
         if terminated or truncated:
             returns.append(float(info["episode"]["r"]))
+            writer.add_scalar("eval/episodic_return", returns[-1], len(returns) - 1)
             obs, _ = env.reset()
     env.close()
-    return returns
-
-
-def resume_point(args):
-    """The checkpoint `--resume` names (None without it), checked against these settings. A resumed
-    run trains the whole batches that fit in what is left of the budget (its batch size may differ)."""
-    if args.resume is None:
-        return None
-    if not os.path.isfile(args.resume):
-        sys.exit(f"error: --resume {args.resume}: no such file")
-    checkpoint = load_checkpoint(args.resume)
-    if checkpoint["args"]["env_id"] != args.env_id:
-        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
-                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
-    args.num_iterations = checkpoint["iteration"] + (args.total_timesteps - checkpoint["global_step"]) // args.batch_size
-    if args.num_iterations <= checkpoint["iteration"]:
-        sys.exit(f"error: --resume {args.resume} is already at step {checkpoint['global_step']}; "
-                 f"raise --total-timesteps above it to train on")
-    return checkpoint
+    if returns:
+        print(f"eval: mean return over {len(returns)} episodes = {np.mean(returns):.1f}")
 
 
 def open_logs(args, run_name):
-    """TensorBoard in runs/<run_name>, mirrored to Weights & Biases with --track."""
+    """TensorBoard in runs/<run_name>, a folder never used before, mirrored to Weights & Biases with --track."""
+    if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
+        sys.exit(f"error: runs/{run_name} already exists; wait a second or change --exp-name")
     if args.track:
         import wandb
 
@@ -561,173 +691,36 @@ def open_logs(args, run_name):
     return writer
 
 
-def format_eta(seconds):
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-
-def main(args: Args):
-    args.batch_size = int(args.num_envs * args.num_steps)
-    args.minibatch_size = int(args.batch_size // args.num_minibatches)
-    args.num_iterations = args.total_timesteps // args.batch_size
-    check_args(args)
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
-        sys.exit(f"error: runs/{run_name} already exists; wait a second or change --exp-name")
-    if args.capture_video and "DISPLAY" not in os.environ:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
-
-    # env setup (checked before any log is written)
-    envs = make_envs(args, run_name)
-    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    checkpoint = resume_point(args)
-
-    writer = open_logs(args, run_name)
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
-    generator = torch.Generator().manual_seed(args.seed)  # minibatch order
-    action_generator = torch.Generator().manual_seed(args.seed + 1)  # the actors' action noise
-    lag_rng = np.random.default_rng(args.seed)  # which snapshot each actor draws
-
-    agent = Agent(obs_dim, act_dim)
-    params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
-    adam = adam_state(params)
-    lr = torch.tensor(args.learning_rate)
-    update = compile_train_step(functools.partial(train_step, agent=agent, args=args), args.compile)
-    policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
-    obs_rms = RunningMeanStd(shape=(obs_dim,))
-    reward_scaler = RewardScaler(args.num_envs, args.gamma)
-
-    def training_state(global_step, iteration):
-        """Everything a resumed run needs, as tensors and plain numbers."""
-        return {"agent": agent.state_dict(), "optimizer": adam,
-                "obs_rms": obs_rms.state_dict(), "reward_rms": reward_scaler.return_rms.state_dict(),
-                "policy_buffer": policy_buffer.state_dict(), "generator": generator.get_state(),
-                "action_generator": action_generator.get_state(), "lag_rng": lag_rng.bit_generator.state,
-                "global_step": global_step, "iteration": iteration, "args": vars(args)}
-
-    global_step, start_iteration = 0, 1
-    if checkpoint:
-        try:
-            agent.load_state_dict(checkpoint["agent"])
-        except (RuntimeError, ValueError, KeyError) as error:
-            sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
-        adam = checkpoint["optimizer"]  # saved with that agent, so it fits; the update step takes it as an argument
-        obs_rms.load_state_dict(checkpoint["obs_rms"])
-        reward_scaler.return_rms.load_state_dict(checkpoint["reward_rms"])
-        policy_buffer.load_state_dict(checkpoint["policy_buffer"])
-        generator.set_state(checkpoint["generator"])
-        action_generator.set_state(checkpoint["action_generator"])
-        lag_rng.bit_generator.state = checkpoint["lag_rng"]
-        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
-        print(f"resumed from {args.resume} at step {global_step} (update {checkpoint['iteration']})")
-
-    # Rollout storage, time-major [T, N, ...]. next_obs[t] is the real s_{t+1}: the final
-    # observation where an episode ended at t (the env has already reset to a new one).
-    shapes = dict(obs=(obs_dim,), next_obs=(obs_dim,), actions=(act_dim,),
-                  logprobs=(), rewards=(), terminations=(), dones=())
-    rollout = {key: np.zeros((args.num_steps, args.num_envs, *shape), np.float32) for key, shape in shapes.items()}
-    recent_returns = collections.deque(maxlen=100)
-
-    start_step = global_step
-    budget = global_step + (args.num_iterations - start_iteration + 1) * args.batch_size  # env steps at the end
-    start_time = last_print = time.time()
-    raw_obs, _ = envs.reset(seed=args.seed)
-    envs.action_space.seed(args.seed)
-    obs_rms.update(raw_obs)
-    current_obs = normalize_obs(raw_obs, obs_rms)
-
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        # Annealing the rate if instructed to do so.
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            lr.fill_(frac * args.learning_rate)
-
-        # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
-        ages = policy_buffer.sample_ages(args.num_envs, lag_rng)
-        writer.add_scalar("charts/policy_lag_mean", ages.mean(), global_step)
-        writer.add_scalar("charts/policy_lag_max", ages.max(), global_step)
-        current_obs, episodes = collect_rollout(envs, policy_buffer, obs_rms, reward_scaler, current_obs, rollout,
-                                                action_generator)
-        for ret, length, step in episodes:
-            recent_returns.append(ret)
-            ended_at = global_step + (step + 1) * args.num_envs  # logged at the env step that ended it
-            writer.add_scalar("charts/episodic_return", ret, ended_at)
-            writer.add_scalar("charts/episodic_length", length, ended_at)
-        global_step += args.batch_size
-
-        b = {key: torch.as_tensor(value) for key, value in rollout.items()}
-        b.update(estimate_advantages(agent, b, args))
-        # Backward lag: how far the learner already is from the behaviour policies, before any step.
-        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
-        backward_tv = 0.5 * (start_ratio - 1).abs().mean().item()
-        writer.add_scalar("charts/backward_tv", backward_tv, global_step)
-        # its importance ratios pi_T/beta: V-trace's rho in VACO, decoupled PPO's weight w
-        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
-        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
-
-        # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
-        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
-
-        # Optimizing the policy and value network
-        stats = collections.defaultdict(list)
-        for epoch in range(args.update_epochs):
-            b_inds = torch.randperm(args.batch_size, generator=generator)
-            for start in range(0, args.batch_size, args.minibatch_size):
-                for name, value in update(params, adam, flat, b_inds[start : start + args.minibatch_size], lr).items():
-                    stats[name].append(value)
-
-            if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
-                break
-
-        # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
-        policy_buffer.push(agent.actor)
-
-        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
-        var_y = np.var(y_true)
-        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-
-        sps = int((global_step - start_step) / (time.time() - start_time))
-        writer.add_scalar("charts/learning_rate", lr.item(), global_step)
-        for name, values_list in stats.items():  # means over all minibatches of the update
-            writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        if time.time() - last_print > 10 or iteration == args.num_iterations:
-            last_print = time.time()
-            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-            eta = (budget - global_step) / max(sps, 1)
-            print(f"step {global_step}/{budget} ({100 * global_step / budget:.0f}%) | SPS: {sps} | "
-                  f"return (last {len(recent_returns)} eps) {recent} | ETA {format_eta(eta)}", flush=True)
-        if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
-                and iteration < args.num_iterations:
-            save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
-                            training_state(global_step, iteration))
-
-    if recent_returns:
-        print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
-              f"{np.mean(recent_returns):.1f}")
-    envs.close()
-
-    if args.save_model:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        save_checkpoint(model_path, training_state(global_step, args.num_iterations))
-        print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.env_id, args.eval_episodes, seed=args.seed + 10_000)
-        for idx, episodic_return in enumerate(episodic_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        if episodic_returns:
-            print(f"eval: mean return over {len(episodic_returns)} episodes = {np.mean(episodic_returns):.1f}")
-
+def close_logs(writer, args):
     writer.close()
     if args.track:
         import wandb
 
         wandb.finish()
 
+
+class Progress:
+    """The progress line, every 10 s and at the end: steps, steps per second, the mean return of the last
+    100 episodes, the batch's mean policy lag, the ETA."""
+
+    def __init__(self, start_step, end_step):
+        self.start_step, self.end_step = start_step, end_step
+        self.start_time = self.last_print = time.time()
+
+    def update(self, global_step, recent_returns, lag, last):
+        """Print the line when it is due; returns the steps per second since the start."""
+        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        if time.time() - self.last_print > 10 or last:
+            self.last_print = time.time()
+            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+            left = int((self.end_step - global_step) / max(sps, 1))  # seconds
+            eta = f"{left // 3600}h{left % 3600 // 60:02d}m" if left >= 3600 else f"{left // 60}m{left % 60:02d}s"
+            print(f"step {global_step}/{self.end_step} ({100 * global_step / self.end_step:.0f}%) | SPS: {sps} | "
+                  f"return (last {len(recent_returns)} eps) {recent} | lag {lag:.2f} | ETA {eta}", flush=True)
+        if last and recent_returns:
+            print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
+                  f"{np.mean(recent_returns):.1f}")
+        return sps
 
 if __name__ == "__main__":
     main(tyro.cli(Args))

@@ -80,7 +80,7 @@ def learner_time(args, layout, obs_dim, act_dim):
     agent = va.Agent(obs_dim, act_dim)
     params = {name: p.detach() for name, p in agent.named_parameters()}
     adam, lr = va.adam_state(params), torch.tensor(3e-4)
-    update = torch.compile(lambda p, a, f, i, l: va.train_step(p, a, f, i, l, agent, script_args), fullgraph=True)
+    update = torch.compile(va.train_step, fullgraph=True)  # as the script's main compiles it
     T, n = args.num_steps, args.num_envs
     b = dict(obs=torch.randn(T, n, obs_dim), next_obs=torch.randn(T, n, obs_dim), actions=torch.randn(T, n, act_dim),
              logprobs=torch.randn(T, n) - act_dim, rewards=torch.randn(T, n), terminations=torch.zeros(T, n),
@@ -94,7 +94,7 @@ def learner_time(args, layout, obs_dim, act_dim):
         for _ in range(script_args.update_epochs):
             indices = torch.randperm(layout.steps, generator=generator)
             for start in range(0, layout.steps, script_args.minibatch_size):
-                update(params, adam, flat, indices[start : start + script_args.minibatch_size], lr)
+                update(params, adam, flat, indices[start : start + script_args.minibatch_size], lr, agent, script_args)
 
     start = time.perf_counter()
     one_update()  # compiles

@@ -10,7 +10,6 @@ Ratios are what carry over to other machines.
 """
 
 import contextlib
-import functools
 import importlib
 import os
 import statistics
@@ -55,6 +54,11 @@ def plain_forward(module):
         module.torch.func.functional_call = original
 
 
+def bound_step(step, params, adam, flat, lr, agent, script_args):
+    """step(indices): one minibatch step on these tensors, called as the script's main calls it."""
+    return lambda indices: step(params, adam, flat, indices, lr, agent, script_args)
+
+
 def paths(module, obs_dim, act_dim, args):
     """{name: (step(indices), compile seconds)} for the three ways of taking one minibatch step."""
     torch.manual_seed(0)
@@ -86,12 +90,10 @@ def paths(module, obs_dim, act_dim, args):
         agent = module.Agent(obs_dim, act_dim)
         params = {key: p.detach() for key, p in agent.named_parameters()}
         adam = module.adam_state(params)
-        step = functools.partial(module.train_step, agent=agent, args=script_args)
-        if compiled:
-            step = torch.compile(step, fullgraph=True)
+        step = torch.compile(module.train_step, fullgraph=True) if compiled else module.train_step  # as main runs it
         start = time.perf_counter()
-        step(params, adam, flat, torch.arange(args.minibatch_size), lr)  # the first call compiles
-        out[name] = (functools.partial(lambda s, p, a, i: s(p, a, flat, i, lr), step, params, adam),
+        step(params, adam, flat, torch.arange(args.minibatch_size), lr, agent, script_args)  # the first call compiles
+        out[name] = (bound_step(step, params, adam, flat, lr, agent, script_args),
                      time.perf_counter() - start if compiled else 0.0)
     return out
 

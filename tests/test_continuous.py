@@ -90,15 +90,20 @@ def test_policy_buffer_ages_and_frozen_snapshots(module):
     actor = module.Actor(5, 2)
     buffer = module.PolicyBuffer(actor, size=4)
     rng = np.random.default_rng(0)
-    assert set(buffer.sample_ages(100, rng)) == {0}  # only the initial policy exists
+    ages, groups = buffer.sample_ages(100, rng)
+    assert set(ages) == {0} and len(groups) == 1  # only the initial policy exists
     first = [p.clone() for p in buffer[0].parameters()]
     for _ in range(10):
         with torch.no_grad():
             for p in actor.parameters():
                 p.add_(1.0)  # the learner moves on...
         buffer.push(actor)
-    ages = buffer.sample_ages(10_000, rng)
+    ages, groups = buffer.sample_ages(10_000, rng)
     assert ages.min() == 0 and ages.max() == 3  # never older than K - 1, every age drawn
+    # the groups `act` takes: every actor once, under the age it drew
+    assert sorted(age for age, _ in groups) == [0, 1, 2, 3]
+    assert sorted(torch.cat([actors for _, actors in groups]).tolist()) == list(range(10_000))
+    assert all((ages[actors.numpy()] == age).all() for age, actors in groups)
     assert abs(np.mean(ages) - 1.5) < 0.1  # uniform
     for age in range(4):  # ...and the snapshots are frozen copies of what it was
         snapshot = list(buffer[age].parameters())
@@ -173,7 +178,7 @@ def test_checkpoint_round_trip(module, tmp_path):
     obs_rms = module.RunningMeanStd(shape=(11,))
     obs_rms.update(np.random.default_rng(0).normal(3.0, 2.0, size=(50, 11)))
     path = str(tmp_path / "agent.cleanrl_model")
-    module.save_checkpoint(path, {"agent": agent.state_dict(), "obs_rms": obs_rms.state_dict()})
+    module.save_checkpoint(path, {"agent": agent.state_dict(), "obs_rms": module.rms_state(obs_rms)})
     loaded, loaded_rms = module.load_agent(path, 11, 3)
     raw = np.random.default_rng(1).normal(3.0, 2.0, size=(8, 11))
     obs = torch.as_tensor(module.normalize_obs(raw, loaded_rms))

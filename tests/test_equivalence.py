@@ -111,12 +111,13 @@ def test_diff_against_ppo_stays_the_method(other, limit):
 
 
 # what each script changes of ppo_continuous.py: its options, their checks, and the method (and, in
-# vaco_async.py, the machinery of actor processes: their envs, rollouts and reward statistics)
+# vaco_async.py, the machinery of actor processes: their envs, rollouts and reward statistics, and what
+# its checkpoints hold: each actor's noise generator instead of the simulated lag's state)
 # (ppo_continuous.py's own option, decoupled PPO, is its decoupled_policy_loss)
 METHOD = {spo: {"Args", "check_args", "ppo_policy_loss", "decoupled_policy_loss", "minibatch_loss"},
           vaco: {"Args", "check_args", "estimate_advantages", "decoupled_policy_loss", "minibatch_loss", "main"},
           vaco_async: {"Args", "check_args", "estimate_advantages", "decoupled_policy_loss", "minibatch_loss", "main",
-                       "make_envs", "RewardScaler", "PolicyBuffer", "collect_rollout"}}
+                       "make_envs", "RewardScaler", "PolicyBuffer", "collect_rollout", "checkpoint_of", "resume"}}
 
 
 @pytest.mark.parametrize("other", [spo, vaco, vaco_async], ids=lambda m: m.__name__)
