@@ -1,5 +1,5 @@
 # PPO for continuous control (MuJoCo) under simulated policy lag. Single file, CleanRL style.
-# Docs: docs/ppo_continuous.md
+# Docs: docs/ppo_continuous.md (the `# --8<--` lines mark the excerpts it shows)
 """Proximal Policy Optimization (PPO) whose actors act with stale copies of the policy.
 
 On-policy methods assume the batch came from the policy being updated. In distributed training
@@ -666,10 +666,12 @@ def resume(args, saved):
             adam[moment][name].copy_(value)
     load_rms_state(saved["obs_rms"], checkpoint["obs_rms"])
     load_rms_state(saved["reward_rms"], checkpoint["reward_rms"])
-    for state in checkpoint["policy_buffer"]:  # oldest first; the buffer keeps the newest K
-        snapshot = copy.deepcopy(saved["policy_buffer"][0])
+    template, snapshots = saved["policy_buffer"][0], saved["policy_buffer"].snapshots
+    snapshots.clear()  # the saved snapshots replace the initial one, which is among them
+    for state in checkpoint["policy_buffer"]:  # oldest first
+        snapshot = copy.deepcopy(template)
         snapshot.load_state_dict(state)
-        saved["policy_buffer"].snapshots.append(snapshot)
+        snapshots.append(snapshot)
     saved["generator"].set_state(checkpoint["generator"])
     saved["action_generator"].set_state(checkpoint["action_generator"])
     saved["lag_rng"].bit_generator.state = checkpoint["lag_rng"]

@@ -1,5 +1,5 @@
 # SPO for continuous control (MuJoCo) under simulated policy lag. Single file, CleanRL style.
-# Docs: docs/spo_continuous.md
+# Docs: docs/spo_continuous.md (the `# --8<--` lines mark the excerpts it shows)
 """Simple Policy Optimization (SPO; Xie et al., ICML 2025, arXiv 2401.16025) whose actors act
 with stale copies of the policy: a baseline of the VACO paper (arXiv 2603.01365).
 
@@ -628,10 +628,12 @@ def resume(args, saved):
             adam[moment][name].copy_(value)
     load_rms_state(saved["obs_rms"], checkpoint["obs_rms"])
     load_rms_state(saved["reward_rms"], checkpoint["reward_rms"])
-    for state in checkpoint["policy_buffer"]:  # oldest first; the buffer keeps the newest K
-        snapshot = copy.deepcopy(saved["policy_buffer"][0])
+    template, snapshots = saved["policy_buffer"][0], saved["policy_buffer"].snapshots
+    snapshots.clear()  # the saved snapshots replace the initial one, which is among them
+    for state in checkpoint["policy_buffer"]:  # oldest first
+        snapshot = copy.deepcopy(template)
         snapshot.load_state_dict(state)
-        saved["policy_buffer"].snapshots.append(snapshot)
+        snapshots.append(snapshot)
     saved["generator"].set_state(checkpoint["generator"])
     saved["action_generator"].set_state(checkpoint["action_generator"])
     saved["lag_rng"].bit_generator.state = checkpoint["lag_rng"]

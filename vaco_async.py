@@ -1,5 +1,5 @@
 # VACO for continuous control (MuJoCo) with asynchronous actor processes and a learner on
-# torch.distributed (gloo). Single file, CleanRL style. Docs: docs/vaco_async.md
+# torch.distributed (gloo). Single file, CleanRL style. Docs: docs/vaco_async.md (`# --8<--`: its excerpts)
 """VACO (total Variation-based Advantage aligned Constrained policy Optimization), arXiv 2603.01365,
 whose actors are real processes that act with whatever policy they last received.
 
@@ -86,7 +86,7 @@ class Args:
     norm_adv: bool = True
     """Toggles advantages normalization (per minibatch)"""
     clip_coef: float = 0.2
-    """the surrogate clipping coefficient (used only by the `--no-tv-filter` ablation and `--clip-vloss`)"""
+    """the clipping coefficient of the `--no-tv-filter` ablation and `--clip-vloss` (clipfrac counts past it)"""
     clip_vloss: bool = False
     """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets
     (`--clip-vloss` with both ablations is PPO)"""

@@ -1,5 +1,5 @@
 # VACO for continuous control (MuJoCo) under simulated policy lag. Single file, CleanRL style.
-# Docs: docs/vaco_continuous.md
+# Docs: docs/vaco_continuous.md (the `# --8<--` lines mark the excerpts it shows)
 """VACO (total Variation-based Advantage aligned Constrained policy Optimization), arXiv 2603.01365,
 whose actors act with stale copies of the policy.
 
@@ -72,7 +72,7 @@ class Args:
     norm_adv: bool = True
     """Toggles advantages normalization (per minibatch)"""
     clip_coef: float = 0.2
-    """the surrogate clipping coefficient (used only by the `--no-tv-filter` ablation and `--clip-vloss`)"""
+    """the clipping coefficient of the `--no-tv-filter` ablation and `--clip-vloss` (clipfrac counts past it)"""
     clip_vloss: bool = False
     """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets
     (`--clip-vloss` with both ablations is PPO)"""
@@ -727,10 +727,12 @@ def resume(args, saved):
             adam[moment][name].copy_(value)
     load_rms_state(saved["obs_rms"], checkpoint["obs_rms"])
     load_rms_state(saved["reward_rms"], checkpoint["reward_rms"])
-    for state in checkpoint["policy_buffer"]:  # oldest first; the buffer keeps the newest K
-        snapshot = copy.deepcopy(saved["policy_buffer"][0])
+    template, snapshots = saved["policy_buffer"][0], saved["policy_buffer"].snapshots
+    snapshots.clear()  # the saved snapshots replace the initial one, which is among them
+    for state in checkpoint["policy_buffer"]:  # oldest first
+        snapshot = copy.deepcopy(template)
         snapshot.load_state_dict(state)
-        saved["policy_buffer"].snapshots.append(snapshot)
+        snapshots.append(snapshot)
     saved["generator"].set_state(checkpoint["generator"])
     saved["action_generator"].set_state(checkpoint["action_generator"])
     saved["lag_rng"].bit_generator.state = checkpoint["lag_rng"]

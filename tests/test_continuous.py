@@ -228,6 +228,31 @@ def test_resume_continues_steps_updates_and_state(module, train):
 
 
 @script
+def test_resume_restores_the_lag_simulator_as_saved(module, train):
+    # a checkpoint taken before the buffer is full: the resumed buffer holds exactly its snapshots,
+    # not the fresh initial policy beside them
+    run_dir, _ = train(module, total_timesteps=384, policy_buffer=4, save_model=True, checkpoint_every=1,
+                       eval_episodes=0)
+    path = sorted(glob.glob(f"{run_dir}/*_step*.cleanrl_model"))[0]
+    checkpoint = module.load_checkpoint(path)
+    assert len(checkpoint["policy_buffer"]) == 2  # the initial policy and the first update's
+    args = module.Args(**{**TINY, "total_timesteps": 384, "policy_buffer": 4, "resume": path})
+    args.batch_size, args.num_iterations = 128, 3
+    agent = module.Agent(11, 3)
+    saved = dict(agent=agent, optimizer=module.adam_state(dict(agent.named_parameters())),
+                 obs_rms=module.RunningMeanStd(shape=(11,)), reward_rms=module.RunningMeanStd(),
+                 policy_buffer=module.PolicyBuffer(agent.actor, 4), generator=torch.Generator(),
+                 action_generator=torch.Generator(), lag_rng=np.random.default_rng(0))
+    assert module.resume(args, saved) == (128, 2, 3)
+    snapshots = saved["policy_buffer"].snapshots
+    assert len(snapshots) == 2
+    for snapshot, state in zip(snapshots, checkpoint["policy_buffer"]):
+        for name, value in snapshot.state_dict().items():
+            torch.testing.assert_close(value, state[name], rtol=0, atol=0)
+    torch.testing.assert_close(saved["optimizer"]["step"], checkpoint["optimizer"]["step"])
+
+
+@script
 def test_resume_refuses_a_finished_or_foreign_checkpoint(module, train):
     run_dir, _ = train(module, total_timesteps=256, save_model=True, eval_episodes=0)
     (final,) = glob.glob(f"{run_dir}/*.cleanrl_model")
