@@ -3,6 +3,7 @@ run eagerly (`--no-compile`), and the textbook eager step it replaces (the modul
 `loss.backward()`, `clip_grad_norm_` and fused `torch.optim.Adam`, around the script's very loss).
 
     python benchmark/update_step.py --env-id Ant-v4
+    python benchmark/update_step.py --env-id Ant-v4 --against 91692b6   # and that commit's compiled step
 
 One process, one thread (as the scripts run), a random batch of the task's shapes; the three
 paths run in interleaved blocks, and the medians over blocks are reported with the compile time.
@@ -10,12 +11,17 @@ Ratios are what carry over to other machines.
 """
 
 import contextlib
+import functools
+import importlib.util
 import importlib
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import gymnasium as gym
 import torch
@@ -40,6 +46,9 @@ class Args:
     """minibatch steps per timed block"""
     blocks: int = 7
     """timed blocks per path (interleaved); medians are reported"""
+    against: Optional[str] = None
+    """a commit (anything `git show` takes) whose scripts' compiled step is timed too, in the same
+    interleaved blocks: the speed of a change to the step, measured in one process"""
 
 
 @contextlib.contextmanager
@@ -54,12 +63,32 @@ def plain_forward(module):
         module.torch.func.functional_call = original
 
 
-def bound_step(step, params, adam, flat, lr, agent, script_args):
-    """step(indices): one minibatch step on these tensors, called as the script's main calls it."""
-    return lambda indices: step(params, adam, flat, indices, lr, agent, script_args)
+def module_at(commit, script):
+    """The module `script` as of `commit`, imported under another name (the scripts are standalone)."""
+    shown = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{script}.py"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        sys.exit(f"error: cannot show {script}.py at {commit}: {shown.stderr.strip()}")
+    name = f"{script}_at_{commit[:12]}"
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
+    with open(path, "w") as f:
+        f.write(shown.stdout)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def paths(module, obs_dim, act_dim, args):
+def mains_step(module, params, adam, flat, lr, agent, script_args):
+    """step(indices): one minibatch step of the compiled update, built and called as the module's main does."""
+    if hasattr(module, "compiled_or_eager"):
+        step = module.compiled_or_eager(module.train_step, True)
+        return lambda indices: step(params, adam, flat, indices, lr, agent, script_args)
+    # the scripts before their fenced layout (91692b6 and earlier): a partial, behind a first-call switch
+    step = module.compile_train_step(functools.partial(module.train_step, agent=agent, args=script_args), True)
+    return lambda indices: step(params, adam, flat, indices, lr)
+
+
+def paths(module, obs_dim, act_dim, args, against=None):
     """{name: (step(indices), compile seconds)} for the three ways of taking one minibatch step."""
     torch.manual_seed(0)
     script_args = module.Args()
@@ -86,15 +115,20 @@ def paths(module, obs_dim, act_dim, args):
         optimizer.step()
 
     out["eager nn.Module + backward + torch.optim.Adam"] = (textbook, 0.0)
-    for name, compiled in [("train_step, eager (--no-compile)", False), ("train_step, compiled (default)", True)]:
-        agent = module.Agent(obs_dim, act_dim)
+    steps = [("train_step, eager (--no-compile)", module, False), ("train_step, compiled (default)", module, True)]
+    if against is not None:
+        steps.append((f"train_step, compiled, as of {args.against}", against, True))
+    for name, source, compiled in steps:
+        agent = source.Agent(obs_dim, act_dim)
         params = {key: p.detach() for key, p in agent.named_parameters()}
-        adam = module.adam_state(params)
-        step = torch.compile(module.train_step, fullgraph=True) if compiled else module.train_step  # as main runs it
+        adam = source.adam_state(params)
+        if compiled:
+            step = mains_step(source, params, adam, flat, lr, agent, script_args)
+        else:
+            step = functools.partial(source.train_step, params, adam, flat, lr=lr, agent=agent, args=script_args)
         start = time.perf_counter()
-        step(params, adam, flat, torch.arange(args.minibatch_size), lr, agent, script_args)  # the first call compiles
-        out[name] = (bound_step(step, params, adam, flat, lr, agent, script_args),
-                     time.perf_counter() - start if compiled else 0.0)
+        step(torch.arange(args.minibatch_size))  # the first call compiles
+        out[name] = (step, time.perf_counter() - start if compiled else 0.0)
     return out
 
 
@@ -108,10 +142,12 @@ def main(args: Args):
           f"{args.blocks} interleaved blocks of {args.steps} steps, microseconds per step (median):")
     for script in args.scripts:
         module = importlib.import_module(script)
-        timed = paths(module, obs_dim, act_dim, args)
+        against = module_at(args.against, script) if args.against else None
+        timed = paths(module, obs_dim, act_dim, args, against)
         blocks = {name: [] for name in timed}
-        for _ in range(args.blocks):
-            for name, (step, _) in timed.items():
+        for block in range(args.blocks):
+            order = list(timed.items())
+            for name, (step, _) in order[::-1] if block % 2 else order:  # each path before and after the others
                 indices = [torch.randperm(args.batch_size, generator=g)[: args.minibatch_size] for _ in range(args.steps)]
                 start = time.perf_counter()
                 for i in indices:
@@ -124,6 +160,9 @@ def main(args: Args):
             compile_time = timed[name][1]
             print(f"  {name:48s} {median:7.0f} us  {reference / median:5.2f}x"
                   + (f"  (compiled in {compile_time:.1f} s)" if compile_time else ""))
+        if against is not None:
+            ratio = medians["train_step, compiled (default)"] / medians[f"train_step, compiled, as of {args.against}"]
+            print(f"  today's compiled step / as of {args.against}: {ratio:.3f} (medians)")
         torch._dynamo.reset()
 
 
