@@ -117,7 +117,6 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
-
 def make_envs(args, run_name):
     env_fns = [functools.partial(gym.make, args.env_id) for _ in range(args.num_envs)]
     if args.capture_video:  # env 0 films its episodes
@@ -666,12 +665,11 @@ def resume(args, saved):
             adam[moment][name].copy_(value)
     load_rms_state(saved["obs_rms"], checkpoint["obs_rms"])
     load_rms_state(saved["reward_rms"], checkpoint["reward_rms"])
-    template, snapshots = saved["policy_buffer"][0], saved["policy_buffer"].snapshots
-    snapshots.clear()  # the saved snapshots replace the initial one, which is among them
-    for state in checkpoint["policy_buffer"]:  # oldest first
-        snapshot = copy.deepcopy(template)
+    buffer, snapshot = saved["policy_buffer"], copy.deepcopy(saved["policy_buffer"][0])
+    buffer.snapshots.clear()  # the saved snapshots, oldest first, replace it (the initial policy is among them)
+    for state in checkpoint["policy_buffer"]:
         snapshot.load_state_dict(state)
-        snapshots.append(snapshot)
+        buffer.push(snapshot)  # a frozen copy
     saved["generator"].set_state(checkpoint["generator"])
     saved["action_generator"].set_state(checkpoint["action_generator"])
     saved["lag_rng"].bit_generator.state = checkpoint["lag_rng"]
