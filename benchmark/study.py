@@ -101,6 +101,9 @@ PRESETS = {
     # remedy for stale data in PPO, at K = 8 (at K = 1 it is PPO, run for run: a test checks it).
     "ten-tasks": (1_000_000, [1, 2, 3], [(["ppo", "vaco"], [1, 8], PAPER_TASKS),
                                          (["ppo-decoupled"], [8], PAPER_TASKS)]),
+    # Beside decoupled PPO, which centres PPO's clip on pi_T: VACO with its TV filter measured against
+    # pi_T instead of beta (--tv-reference proximal, delta 0.1), at K = 8 on the same grid and folder.
+    "ten-tasks-proximal": (1_000_000, [1, 2, 3], [(["vaco-proximal-0.1"], [8], PAPER_TASKS)]),
     # The README's main job at length: Ant-v4 at K = 8 for 3M steps.
     "ant-3m": (3_000_000, [1, 2, 3], [(["ppo", "vaco"], [8], ["Ant-v4"])]),
     "paper": (1_000_000, list(range(1, 11)), [
@@ -348,7 +351,7 @@ class Args:
     preset: str = "cpu"
     """which grid: cpu (~3 h on 2 cores, 300k steps per run), cpu-1m (finalists and held-out tasks
     at 1M steps), ten-tasks (PPO and VACO at K 1 and 8 on the paper's 10 tasks, then decoupled PPO at
-    K 8; 3 seeds, 1M steps),
+    K 8; 3 seeds, 1M steps), ten-tasks-proximal (VACO with --tv-reference proximal at K 8, same grid),
     ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
     K in 1,2,4,8 x 10 seeds at 1M steps)"""
     jobs: int = os.cpu_count() or 1

@@ -434,6 +434,9 @@ def test_ten_tasks_preset_is_ppo_and_vaco_at_k_1_and_8_then_decoupled_ppo_at_k_8
     assert {(r.algorithm, r.k, r.seed) for r in main} == set(itertools.product(["ppo", "vaco"], [1, 8], [1, 2, 3]))
     assert {(r.algorithm, r.k, r.seed) for r in decoupled} == {("ppo-decoupled", 8, s) for s in [1, 2, 3]}
     assert {r.steps for r in runs} == {1_000_000}
+    proximal = study.grid("ten-tasks-proximal")  # beside them, in the same folder: VACO's filter against pi_T
+    assert {(r.task, r.seed, r.steps) for r in proximal} == {(r.task, r.seed, r.steps) for r in decoupled}
+    assert {(r.algorithm, r.k) for r in proximal} == {("vaco-proximal-0.1", 8)}
     assert study.ALGORITHMS["ppo-decoupled"] == ("ppo_continuous.py", ["--clip-reference", "proximal"])
     assert {r.task for r in runs[:40]} == set(study.PAPER_TASKS)
 
