@@ -23,7 +23,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -146,7 +145,7 @@ def main(args: Args):
     print(f"  t_learn {t_learn * 1e6:7.1f} us per env step  (learner:   {1 / t_learn:7.0f} env steps/s; compile {compile_time:.1f} s)")
     print(f"  t_msg   {t_msg * 1e6:7.1f} us per env step  (messages:  {1 / t_msg:7.0f} env steps/s)")
     print(f"  the learner saturates at N* = t_act / t_learn = {t_act / t_learn:.2f} actors")
-    print(f"\npredicted env steps/s = min(N / t_act, 1 / t_learn, 1 / t_msg, C / (t_act + t_learn + t_msg)):")
+    print("\npredicted env steps/s = min(N / t_act, 1 / t_learn, 1 / t_msg, C / (t_act + t_learn + t_msg)):")
     for layout_ in args.layouts:
         cores, actors = map(int, layout_.split(":"))
         bounds = {"actors": actors / t_act, "learner": 1 / t_learn, "messages": 1 / t_msg,
