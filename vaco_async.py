@@ -1334,9 +1334,10 @@ class Progress:
 
     def update(self, global_step, recent_returns, lag, last):
         """Print the line when it is due; returns the steps per second since the start."""
-        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        if time.time() - self.last_print > 10 or last:
-            self.last_print = time.time()
+        now = time.time()
+        sps = int((global_step - self.start_step) / (now - self.start_time))
+        if now - self.last_print > 10 or last:
+            self.last_print = now
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
             left = int((self.end_step - global_step) / max(sps, 1))  # seconds
             eta = f"{left // 3600}h{left % 3600 // 60:02d}m" if left >= 3600 else f"{left // 60}m{left % 60:02d}s"

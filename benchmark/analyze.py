@@ -579,8 +579,8 @@ def main(args: Args):
     tasks_all = sorted({meta["task"] for meta, _ in runs})
     # measured once per task and stored beside the results (benchmark/random_scores.py sets the precision)
     stored = load_random_scores(args.results_dir)
-    update_random_scores(args.results_dir, [t for t in tasks_all if t not in stored], ppo_references(runs))
-    randoms = {task: entry["mean"] for task, entry in load_random_scores(args.results_dir).items()}
+    entries = update_random_scores(args.results_dir, [t for t in tasks_all if t not in stored], ppo_references(runs))
+    randoms = {task: entry["mean"] for task, entry in entries.items()}
     raw, normalised = score_table(runs, randoms)
     figures_dir = args.figures_dir or args.results_dir
     os.makedirs(figures_dir, exist_ok=True)

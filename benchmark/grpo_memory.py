@@ -11,7 +11,6 @@ it was at git revision REV, for a before/after table.
 
 Writes benchmark/results/grpo_memory.md (or `--out`)."""
 import argparse
-import importlib.util
 import json
 import resource
 import shlex
@@ -20,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from study import import_script, script_at  # a sibling script of this folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,9 +32,7 @@ def measure(script: str, autocast: str, rows: int, prompt_len: int, completion_l
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.set_num_threads(1)
-    spec = importlib.util.spec_from_file_location("grpo_script", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_script(script, "grpo_script")
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=151936, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -90,13 +89,11 @@ def main():
 
     scripts = [("this version", str(ROOT / "grpo_vaco_gsm8k.py"))]
     if a.baseline_rev:
-        old = Path(tempfile.mkdtemp()) / "grpo_vaco_gsm8k.py"
-        source = subprocess.run(["git", "show", f"{a.baseline_rev}:grpo_vaco_gsm8k.py"], cwd=ROOT, capture_output=True,
-                                text=True)
-        if source.returncode != 0:
-            sys.exit(f"error: cannot read grpo_vaco_gsm8k.py at revision {a.baseline_rev}: {source.stderr.strip()}")
-        old.write_text(source.stdout)
-        scripts.insert(0, (f"revision {a.baseline_rev}", str(old)))
+        old = script_at(a.baseline_rev, "grpo_vaco_gsm8k.py", tempfile.mkdtemp())
+        if old is None:
+            sys.exit(f"error: cannot read grpo_vaco_gsm8k.py at revision {a.baseline_rev} (git, or that revision, "
+                     "is not at hand)")
+        scripts.insert(0, (f"revision {a.baseline_rev}", old))
     lines = ["# Peak memory of one training micro-batch (grpo_vaco_gsm8k.py `completion_logprobs`, forward + backward)", "",
              "Command: `" + shlex.join(["python", "benchmark/grpo_memory.py", *sys.argv[1:]]) + "`", "",
              f"Model: random Qwen2, vocabulary 151,936 (Qwen2.5's), hidden {a.hidden}, {a.layers} layers, activation "

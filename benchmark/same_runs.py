@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import tyro
 
-from study import ALGORITHMS
+from study import ALGORITHMS, script_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -69,12 +69,8 @@ def main(args: Args):
     with tempfile.TemporaryDirectory() as folder:
         scripts = {script for script, _ in ALGORITHMS.values()}
         for script in scripts:
-            shown = subprocess.run(["git", "-C", ROOT, "show", f"{args.reference}:{script}"], capture_output=True,
-                                   text=True)
-            if shown.returncode != 0:
-                sys.exit(f"error: cannot show {script} at {args.reference}: {shown.stderr.strip()}")
-            with open(os.path.join(folder, script), "w") as f:
-                f.write(shown.stdout)
+            if script_at(args.reference, script, folder) is None:
+                sys.exit(f"error: cannot read {script} at {args.reference} (git, or that commit, is not at hand)")
         jobs = []
         for name in args.algorithms:
             script, flags = ALGORITHMS[name]

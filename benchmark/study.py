@@ -23,6 +23,7 @@ end in time, shorter ones first once the next in line would not, and exits when 
 import bisect
 import csv
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -257,6 +258,30 @@ def code_version():
     except (OSError, subprocess.CalledProcessError):
         return None
     return dict(commit=commit, modified=modified)
+
+
+def script_at(commit, script, folder):
+    """Write the top-level `script` as of `commit` into `folder`; returns its path, or None where git or
+    that commit is not at hand. For checks of today's scripts against an earlier commit's: same_runs.py,
+    update_step.py --against, grpo_memory.py and tests/test_same_results.py."""
+    try:
+        shown = subprocess.run(["git", "show", f"{commit}:{script}"], cwd=ROOT, capture_output=True, text=True,
+                               check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    path = os.path.join(folder, script)
+    with open(path, "w") as f:
+        f.write(shown.stdout)
+    return path
+
+
+def import_script(path, name):
+    """The script at `path` imported as the module `name`: the scripts stand alone, so another version of
+    one imports beside today's."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_meta(run, out_dir, code, **extra):

@@ -12,11 +12,9 @@ Ratios are what carry over to other machines.
 
 import contextlib
 import functools
-import importlib.util
 import importlib
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +27,7 @@ import tyro
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from study import import_script, script_at  # noqa: E402 (a sibling script of this folder)
 
 
 @dataclass
@@ -64,18 +63,11 @@ def plain_forward(module):
 
 
 def module_at(commit, script):
-    """The module `script` as of `commit`, imported under another name (the scripts are standalone)."""
-    shown = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{script}.py"], capture_output=True, text=True)
-    if shown.returncode != 0:
-        sys.exit(f"error: cannot show {script}.py at {commit}: {shown.stderr.strip()}")
-    name = f"{script}_at_{commit[:12]}"
-    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
-    with open(path, "w") as f:
-        f.write(shown.stdout)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The module `script` as of `commit`, imported under another name beside today's."""
+    path = script_at(commit, f"{script}.py", tempfile.mkdtemp())
+    if path is None:
+        sys.exit(f"error: cannot read {script}.py at {commit} (git, or that commit, is not at hand)")
+    return import_script(path, f"{script}_at_{commit[:12]}")
 
 
 def mains_step(module, params, adam, flat, lr, agent, script_args):

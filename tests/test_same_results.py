@@ -10,8 +10,7 @@ the numbers the reference scripts gave on one CPU (RECORDED, below) to rtol 1e-5
 another CPU rounds differently in the last bits. A deliberate change of numerics moves REFERENCE to
 its commit and records the numbers again."""
 
-import importlib.util
-import subprocess
+import os
 import sys
 import warnings
 
@@ -23,6 +22,9 @@ import spo_continuous
 import vaco_continuous
 from conftest import ROOT, TINY, cli_flags
 from test_vaco_async import SCRIPT, launch, run_scalars  # noqa: F401 (launch: a fixture)
+
+sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+from study import import_script, script_at  # noqa: E402 (the scripts as of another commit)
 
 REFERENCE = "91692b60eb15fefe6b102fae7dca7aa474d3b831"  # the scripts' last change of numerics
 SHARED = dict(seed=1, policy_buffer=2, learning_rate=3e-3)
@@ -48,25 +50,13 @@ def compared(scalars):
             or tag == "charts/episodic_return"}
 
 
-def load_module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def reference_folder(tmp_path_factory):
     """The scripts as of REFERENCE, written to a temporary folder; None where git or that commit is not at hand."""
     folder = tmp_path_factory.mktemp("reference")
     for script in ("ppo_continuous.py", "spo_continuous.py", "vaco_continuous.py", "vaco_async.py"):
-        try:
-            shown = subprocess.run(["git", "-C", ROOT, "show", f"{REFERENCE}:{script}"], capture_output=True,
-                                   text=True, check=True)
-        except (OSError, subprocess.CalledProcessError):
+        if script_at(REFERENCE, script, folder) is None:
             return None
-        (folder / script).write_text(shown.stdout)
     return folder
 
 
@@ -93,7 +83,7 @@ def test_the_numbers_are_the_reference_scripts(name, train, reference_folder):
     reference_numbers = None
     if reference_folder is not None:
         stem = module.__name__
-        reference = load_module(reference_folder / f"{stem}.py", f"reference_{stem}")
+        reference = import_script(reference_folder / f"{stem}.py", f"reference_{stem}")
         reference_numbers = lambda: compared(train(reference, exp_name=f"reference-{name}", **SHARED, **overrides)[1])  # noqa: E731
     assert_same(compared(scalars), name, reference_numbers)
 
@@ -121,7 +111,7 @@ def test_a_reordered_sum_fails_it(train, tmp_path):
         source = f.read()
     assert source.count(REORDERED[0]) == 1
     (tmp_path / "reordered.py").write_text(source.replace(*REORDERED))
-    reordered = load_module(tmp_path / "reordered.py", "reordered_ppo_continuous")
+    reordered = import_script(tmp_path / "reordered.py", "reordered_ppo_continuous")
     _, scalars = train(ppo_continuous, exp_name="ppo", **SHARED)
     _, moved = train(reordered, exp_name="reordered", **SHARED)
     got, want = compared(moved), compared(scalars)
