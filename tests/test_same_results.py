@@ -6,9 +6,10 @@ The cases are the study's algorithms (benchmark/study.py), with lag and a large 
 snapshots, V-trace's ratios, PPO's clip and VACO's filter all act.
 
 Where the git history is not at hand (a copied folder, a shallow clone), the runs are compared with
-the numbers the reference scripts gave on one CPU (RECORDED, below) to rtol 1e-5, with a warning:
-another CPU rounds differently in the last bits. A deliberate change of numerics moves REFERENCE to
-its commit and records the numbers again."""
+the numbers the reference scripts gave on one CPU (RECORDED, below), with a warning. Another CPU rounds
+differently in the last bits, and over two updates a clip or filter decision at its edge can flip, so
+RECORDED is held only to what rounding cannot reach (LOOSE): a smaller difference is a warning, never
+a failure. A deliberate change of numerics moves REFERENCE to its commit and records the numbers again."""
 
 import os
 import sys
@@ -41,7 +42,10 @@ CASES = {  # name -> (module, overrides)
 }
 # vaco_async.py: its deterministic mode, two actor processes (each one env of the layout)
 ASYNC = dict(seed=1, learning_rate=3e-3, tv_threshold=0.01, sync=True, num_actors=2)
-RTOL = 1e-5  # against RECORDED, where the reference commit cannot be run
+# RECORDED against a run on another CPU: on one AVX-512 machine, natively, with ATen and MKL held to AVX2 and
+# with no vector units (ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2), the recorded numbers moved
+# by up to 16 % (VACO's statistics at delta = 0.01, whose filter decisions at the edge flip) and 4e-4 absolute
+LOOSE = dict(rtol=0.5, atol=1e-3)
 
 
 def compared(scalars):
@@ -60,20 +64,31 @@ def reference_folder(tmp_path_factory):
     return folder
 
 
+def assert_recorded(numbers, name):
+    """`numbers` are RECORDED[name] as far as another CPU's rounding lets one tell: equal within LOOSE
+    (else fails), with a warning where they are not equal."""
+    assert numbers.keys() == RECORDED[name].keys()
+    largest = 0.0
+    for tag, values in numbers.items():
+        np.testing.assert_allclose(values, RECORDED[name][tag], **LOOSE, err_msg=f"RECORDED, {tag}")
+        largest = max(largest, np.max(np.abs(np.subtract(values, RECORDED[name][tag]))))
+    if largest > 0:
+        warnings.warn(f"{name}: up to {largest:.2g} from the numbers recorded on one CPU (this CPU rounds otherwise)")
+
+
 def assert_same(got, name, reference_numbers):
-    """`got` equals the reference scripts' numbers exactly (reference_numbers() runs them), and the
-    recorded numbers agree with those to RTOL; without the reference commit, `got` is held to RECORDED."""
+    """`got` equals the reference scripts' numbers exactly (reference_numbers() runs them), which RECORDED
+    still describes; without the reference commit, `got` is held to RECORDED (`assert_recorded`)."""
     if reference_numbers is None:
         warnings.warn(f"commit {REFERENCE[:12]} is not at hand: {name} compared with the numbers recorded on "
-                      f"one CPU, to rtol {RTOL}")
-        want, tolerance = RECORDED[name], RTOL
-    else:
-        want, tolerance = reference_numbers(), 0.0
-        for tag, values in want.items():  # the fallback's numbers still describe the reference
-            np.testing.assert_allclose(RECORDED[name][tag], values, rtol=RTOL, err_msg=f"RECORDED, {tag}")
+                      f"one CPU, to {LOOSE}")
+        assert_recorded(got, name)
+        return
+    want = reference_numbers()
     assert got.keys() == want.keys()
     for tag, values in want.items():
-        np.testing.assert_allclose(got[tag], values, rtol=tolerance, atol=0, err_msg=tag)
+        np.testing.assert_array_equal(got[tag], values, err_msg=tag)
+    assert_recorded(want, name)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -120,6 +135,16 @@ def test_a_reordered_sum_fails_it(train, tmp_path):
         assert_same(got, "ppo", lambda: want)
     largest = max(np.max(np.abs(np.subtract(got[tag], want[tag])) / np.abs(want[tag])) for tag in want)
     assert 0 < largest < 1e-3  # rounding, not a different algorithm
+
+
+def test_without_the_reference_commit_rounding_warns_and_a_changed_number_fails():
+    rounded = {tag: list(np.multiply(values, 1 + 1e-3)) for tag, values in RECORDED["vaco"].items()}
+    with pytest.warns(UserWarning, match="not at hand"):
+        assert_same(rounded, "vaco", None)
+    changed = {**rounded, "losses/policy_loss": [2 * v for v in rounded["losses/policy_loss"]]}
+    with pytest.raises(AssertionError, match="policy_loss"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same(changed, "vaco", None)
 
 
 RECORDED = {'ppo': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
