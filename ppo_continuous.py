@@ -18,7 +18,6 @@ ordinary synchronous PPO. ``vaco_continuous.py`` is the same file with the VACO 
 import collections
 import copy
 import difflib
-import functools
 import os
 import pickle
 import sys
@@ -117,8 +116,17 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
+class WithoutInfo(gym.Wrapper):
+    """The env's step without its info (the MuJoCo tasks' reward terms and positions): this script never
+    reads it, and SyncVectorEnv would gather each entry into arrays at every step."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        return obs, reward, terminated, truncated, {}
+
+
 def make_envs(args, run_name):
-    env_fns = [functools.partial(gym.make, args.env_id) for _ in range(args.num_envs)]
+    env_fns = [lambda: WithoutInfo(gym.make(args.env_id)) for _ in range(args.num_envs)]
     if args.capture_video:  # env 0 films its episodes
         if "DISPLAY" not in os.environ:
             os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
@@ -130,6 +138,7 @@ def make_envs(args, run_name):
         # in infos["final_obs"]. So no dummy transition (NEXT_STEP's reset step, whose action is
         # ignored) enters the batch, and truncations can bootstrap from V(final observation).
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        copy=False,  # the rollout copies what it keeps of each step's observations
     )
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         envs.close()
@@ -153,7 +162,11 @@ class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
     """gymnasium's running mean and variance over batches (Chan et al.'s parallel algorithm), in float64."""
 
     def update(self, x):
-        super().update(np.asarray(x, dtype=np.float64))  # float64 sums, whatever the observations' dtype
+        x = np.asarray(x, dtype=np.float64)  # float64 sums, whatever the observations' dtype
+        # the batch's mean and variance by np.mean's and np.var's own operations, without their checks
+        batch_mean = np.add.reduce(x, axis=0) / len(x)
+        deviation = x - batch_mean
+        self.update_from_moments(batch_mean, np.add.reduce(deviation * deviation, axis=0) / len(x), len(x))
 
 
 def normalize_obs(obs, obs_rms, clip=10.0):
@@ -205,7 +218,9 @@ class Actor(nn.Module):
         self.logstd = nn.Parameter(torch.zeros(1, act_dim))
 
     def forward(self, obs):
-        mean = self.mean(obs)
+        mean = obs
+        for layer in self.mean:  # each layer's forward itself: for the actors' 1-8 observations a module call
+            mean = layer.forward(mean)  # costs more than the layer's arithmetic
         return mean, self.logstd.expand_as(mean)
 
 
@@ -256,10 +271,9 @@ class PolicyBuffer:
     def __getitem__(self, age):
         return self.snapshots[-1 - age]
 
-    @torch.inference_mode()
     def act(self, obs, groups, generator):
         """Sample each actor's action from its own snapshot (`groups`: [(age, actor indices)]); returns
-        (action, behaviour log-prob)."""
+        (action, mean, log-std): the actors' Gaussians, whose log-probabilities the rollout takes at its end."""
         if len(groups) == 1:  # all actors share one snapshot (always when K = 1): skip the scatter
             mean, logstd = self[groups[0][0]](obs)
         else:
@@ -268,28 +282,29 @@ class PolicyBuffer:
             for age, envs_idx in groups:  # one forward per snapshot in use
                 mean[envs_idx], logstd[envs_idx] = self[age](obs[envs_idx])
         action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
-        return action, gaussian_logprob(action, mean, logstd)
+        return action, mean, logstd
 # --8<-- [end:lag_simulator]
 
 
 # --8<-- [start:rollout]
+@torch.inference_mode()  # acting needs no gradients
 def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scaler, current_obs, generator):
     """Step the envs `num_steps` times, each actor with the snapshot it drew (observation statistics updated
     at every step). Returns the rollout, time-major [T, N, ...], where next_obs[t] is the real s_{t+1} (the
     final observation where an episode ended at t), the normalised observation to continue from, and the
     episodes that ended: (return, length, step)."""
     shapes = dict(obs=envs.single_observation_space.shape, next_obs=envs.single_observation_space.shape,
-                  actions=envs.single_action_space.shape, logprobs=(), rewards=(), terminations=(), dones=())
+                  actions=envs.single_action_space.shape, means=envs.single_action_space.shape, rewards=(),
+                  terminations=(), dones=())
     rollout = {key: np.zeros((num_steps, envs.num_envs, *shape), np.float32) for key, shape in shapes.items()}
+    low, high = envs.single_action_space.low, envs.single_action_space.high
     episodes = []
     for step in range(num_steps):
         rollout["obs"][step] = current_obs
-        action, logprob = policy_buffer.act(torch.as_tensor(current_obs), groups, generator)
-        rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
+        action, mean, logstd = policy_buffer.act(torch.as_tensor(current_obs), groups, generator)
+        rollout["actions"][step], rollout["means"][step] = action.numpy(), mean.numpy()
 
-        raw_obs, reward, termination, truncation, infos = envs.step(
-            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
-        )
+        raw_obs, reward, termination, truncation, infos = envs.step(np.clip(action.numpy(), low, high))
         done = termination | truncation
         rollout["rewards"][step] = reward_scaler(reward, done)
         rollout["terminations"][step], rollout["dones"][step] = termination, done
@@ -300,6 +315,9 @@ def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scal
         if done.any():
             for i in np.flatnonzero(infos["_episode"]):
                 episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
+    # the behaviour log-probabilities, all steps at once (each actor's log-std is the same at every step)
+    rollout["logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(rollout.pop("means")),
+                                           logstd).numpy()
     return rollout, current_obs, episodes
 # --8<-- [end:rollout]
 

@@ -167,8 +167,17 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
+class WithoutInfo(gym.Wrapper):
+    """The env's step without its info (the MuJoCo tasks' reward terms and positions): this script never
+    reads it, and SyncVectorEnv would gather each entry into arrays at every step."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        return obs, reward, terminated, truncated, {}
+
+
 def make_envs(args, run_name):
-    env_fns = [functools.partial(gym.make, args.env_id) for _ in range(args.num_envs)]
+    env_fns = [lambda: WithoutInfo(gym.make(args.env_id)) for _ in range(args.num_envs)]
     if args.capture_video:  # env 0 films its episodes
         if "DISPLAY" not in os.environ:
             os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
@@ -180,6 +189,7 @@ def make_envs(args, run_name):
         # in infos["final_obs"]. So no dummy transition (NEXT_STEP's reset step, whose action is
         # ignored) enters the batch, and truncations can bootstrap from V(final observation).
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        copy=False,  # the rollout copies what it keeps of each step's observations
     )
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         envs.close()
@@ -203,7 +213,11 @@ class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
     """gymnasium's running mean and variance over batches (Chan et al.'s parallel algorithm), in float64."""
 
     def update(self, x):
-        super().update(np.asarray(x, dtype=np.float64))  # float64 sums, whatever the observations' dtype
+        x = np.asarray(x, dtype=np.float64)  # float64 sums, whatever the observations' dtype
+        # the batch's mean and variance by np.mean's and np.var's own operations, without their checks
+        batch_mean = np.add.reduce(x, axis=0) / len(x)
+        deviation = x - batch_mean
+        self.update_from_moments(batch_mean, np.add.reduce(deviation * deviation, axis=0) / len(x), len(x))
 
 
 def normalize_obs(obs, obs_rms, clip=10.0):
@@ -256,7 +270,9 @@ class Actor(nn.Module):
         self.logstd = nn.Parameter(torch.zeros(1, act_dim))
 
     def forward(self, obs):
-        mean = self.mean(obs)
+        mean = obs
+        for layer in self.mean:  # each layer's forward itself: for the actors' 1-8 observations a module call
+            mean = layer.forward(mean)  # costs more than the layer's arithmetic
         return mean, self.logstd.expand_as(mean)
 
 
@@ -283,28 +299,29 @@ def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
 
 
-@torch.inference_mode()
 def act(actor, obs, generator):
-    """Sample an action for every env from the actor's policy; returns (action, behaviour log-prob)."""
+    """Sample an action for every env from the actor's policy; returns (action, mean, log-std): the policy's
+    Gaussians, whose log-probabilities the rollout takes at its end."""
     mean, logstd = actor(obs)
     action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
-    return action, gaussian_logprob(action, mean, logstd)
+    return action, mean, logstd
 
 
 # --8<-- [start:rollout]
+@torch.inference_mode()  # acting needs no gradients
 def collect_rollout(envs, actor, obs_rms, current_obs, rollout, generator):
     """Step the envs `num_steps` times with `actor` (observation statistics updated at every step),
     writing the transitions into `rollout` (a segment's fields) with the raw rewards and observations
     and the episodes that ended. Returns the normalised observation to continue from."""
     rollout["episode_returns"][:] = rollout["episode_lengths"][:] = 0.0
+    means = np.zeros(rollout["actions"].shape, np.float32)
+    low, high = envs.single_action_space.low, envs.single_action_space.high
     for step in range(rollout["obs"].shape[0]):
         rollout["obs"][step] = current_obs
-        action, logprob = act(actor, torch.as_tensor(current_obs), generator)
-        rollout["actions"][step], rollout["logprobs"][step] = action.numpy(), logprob.numpy()
+        action, mean, logstd = act(actor, torch.as_tensor(current_obs), generator)
+        rollout["actions"][step], means[step] = action.numpy(), mean.numpy()
 
-        raw_obs, reward, termination, truncation, infos = envs.step(
-            np.clip(action.numpy(), envs.single_action_space.low, envs.single_action_space.high)
-        )
+        raw_obs, reward, termination, truncation, infos = envs.step(np.clip(action.numpy(), low, high))
         done = termination | truncation
         rollout["rewards"][step], rollout["raw_obs"][step] = reward, raw_obs  # the learner scales and folds them in
         rollout["terminations"][step], rollout["dones"][step] = termination, done
@@ -316,6 +333,9 @@ def collect_rollout(envs, actor, obs_rms, current_obs, rollout, generator):
             for i in np.flatnonzero(infos["_episode"]):
                 rollout["episode_returns"][step, i] = infos["episode"]["r"][i]
                 rollout["episode_lengths"][step, i] = infos["episode"]["l"][i]
+    # the behaviour log-probabilities, all steps at once (the log-std is the same at every step)
+    rollout["logprobs"][:] = gaussian_logprob(torch.as_tensor(rollout["actions"], dtype=torch.float32),
+                                              torch.as_tensor(means), logstd).numpy()
     return current_obs
 # --8<-- [end:rollout]
 

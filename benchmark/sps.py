@@ -19,12 +19,15 @@ For vaco_async.py it also reports the share of time the learner waited for data 
 waited for replies (medians). Acting and learning overlap only where the cores really run in
 parallel, so each repeat also measures the machine's parallel capacity: the summed rate of 2 bare
 envs stepping at the same time, over the rate of one (2.0 on two free cores; a VM whose two
-vCPUs share one physical core gives about 1). A script outside the repository can be timed too (an
-absolute path), with the Python that runs it first: CleanRL's ppo_continuous_action.py, for one,
-needs gymnasium 0.29 in a virtual environment of its own (docs/reproduce.md), and takes the same flags:
+vCPUs share one physical core gives about 1). CleanRL's own ppo_continuous_action.py (github.com/vwxyzjn/cleanrl), given by path, is timed beside
+them with --cleanrl: it takes the same flags, and runs from a temporary copy patched for gymnasium 1.x
+(the two places listed in CLEANRL_PATCHES, nothing else):
 
-    python benchmark/sps.py --env-id Ant-v4 --iterations 10 --scripts ppo_continuous.py \
-        "cleanrl-venv/bin/python /path/to/cleanrl/cleanrl/ppo_continuous_action.py"
+    python benchmark/sps.py --env-id Ant-v4 --scripts ppo_continuous.py "ppo_continuous.py --no-compile" \
+        --cleanrl ~/cleanrl/cleanrl/ppo_continuous_action.py
+
+Any other script outside the repository can be timed too (an absolute path), with the Python that runs
+it first (another virtual environment's, say).
 """
 
 import multiprocessing
@@ -38,6 +41,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import Optional
 
 import gymnasium as gym
 import tyro
@@ -64,6 +68,47 @@ class Args:
     """repeats; medians are reported"""
     extra: str = ""
     """extra flags passed to every script, e.g. "--policy-buffer 8" """
+    cleanrl: Optional[str] = None
+    """path to CleanRL's ppo_continuous_action.py, timed after the scripts (from a copy patched for gymnasium 1.x)"""
+
+
+# CleanRL's ppo_continuous_action.py targets gymnasium 0.29. What gymnasium 1.x changed under it, and only that,
+# is patched in a temporary copy: (what it says, what it says instead).
+CLEANRL_PATCHES = [
+    # TransformObservation takes the observation space it maps to
+    ("gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+     "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)"),
+    # the vector env reports the episodes that ended as arrays under "episode", with a mask, not in "final_info"
+    ("""            if "final_info" in infos:
+                for info in infos["final_info"]:
+                    if info and "episode" in info:
+                        print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
+                        writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
+                        writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)""",
+     """            if "episode" in infos:
+                for i in np.flatnonzero(infos["_episode"]):
+                    print(f"global_step={global_step}, episodic_return={infos['episode']['r'][i]}")
+                    writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)"""),
+]
+
+
+def patched_cleanrl(path, folder):
+    """CleanRL's script at `path`, with CLEANRL_PATCHES applied, written into `folder`; returns the copy's path."""
+    try:
+        with open(os.path.expanduser(path)) as f:
+            source = f.read()
+    except OSError as error:
+        sys.exit(f"error: --cleanrl {path}: {error.strerror}")
+    for old, new in CLEANRL_PATCHES:
+        if source.count(old) != 1:
+            sys.exit(f"error: --cleanrl {path}: not the ppo_continuous_action.py this patch knows "
+                     f"(no single '{old.strip().splitlines()[0]}')")
+        source = source.replace(old, new)
+    copy = os.path.join(folder, "ppo_continuous_action.py")
+    with open(copy, "w") as f:
+        f.write(source)
+    return copy
 
 
 def raw_env_rate(env_id, steps, seed=0):
@@ -122,6 +167,10 @@ def script_sps(entry, args):
 
 
 def main(args: Args):
+    labels = {entry: entry for entry in args.scripts}
+    if args.cleanrl:
+        labels[patched_cleanrl(args.cleanrl, tempfile.mkdtemp())] = "CleanRL ppo_continuous_action.py"
+        args.scripts = list(labels)
     raw, capacity = [], []
     sps, waits = {entry: [] for entry in args.scripts}, {entry: [] for entry in args.scripts}
     for repeat in range(args.repeats):
@@ -134,13 +183,13 @@ def main(args: Args):
                 waits[entry].append(waited)
         print(f"repeat {repeat + 1}/{args.repeats}: raw {raw[-1]:.0f} steps/s (parallel capacity "
               f"{capacity[-1]:.2f}), "
-              + ", ".join(f"{s} {v[-1]} SPS" for s, v in sps.items()), flush=True)
+              + ", ".join(f"{labels[s]} {v[-1]} SPS" for s, v in sps.items()), flush=True)
     raw_median = statistics.median(raw)
     first = statistics.median(sps[args.scripts[0]])
-    width = max(24, *(len(entry) for entry in args.scripts))
+    width = max(24, *(len(label) for label in labels.values()))
     print(f"\n{args.env_id}, {args.num_envs} env(s) x {args.num_steps} steps, 32 minibatches x 10 epochs, "
           f"{args.iterations} updates, medians of {args.repeats} {args.extra}")
-    print(f"{'':{width}s} {'SPS':>7s} {'/ raw env':>10s} {'/ ' + args.scripts[0]:>{width}s}  waiting: learner, actors")
+    print(f"{'':{width}s} {'SPS':>7s} {'/ raw env':>10s} {'/ ' + labels[args.scripts[0]]:>{width}s}  waiting: learner, actors")
     print(f"{'raw env (random actions)':{width}s} {raw_median:7.0f} {1.0:10.2f}")
     print(f"parallel capacity (2 envs at once / 1): median {statistics.median(capacity):.2f}, "
           f"range {min(capacity):.2f}-{max(capacity):.2f}")
@@ -149,7 +198,7 @@ def main(args: Args):
         waited = ""
         if waits[entry]:
             waited = "  " + ", ".join(f"{statistics.median(column):.0f}%" for column in zip(*waits[entry]))
-        print(f"{entry:{width}s} {median:7.0f} {median / raw_median:10.2f} {median / first:{width}.2f}{waited}")
+        print(f"{labels[entry]:{width}s} {median:7.0f} {median / raw_median:10.2f} {median / first:{width}.2f}{waited}")
 
 
 if __name__ == "__main__":
