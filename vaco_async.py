@@ -113,6 +113,9 @@ class Args:
     """V-trace advantages of the learner's policy; `--no-advantage-alignment` uses GAE (ablation)"""
     tv_filter: bool = True
     """TV filtering; `--no-tv-filter` uses PPO's clipped surrogate instead (ablation)"""
+    clip_reference: Literal["behaviour", "proximal"] = "behaviour"
+    """with `--no-tv-filter`, what the clip is centred on: beta (PPO's clip), or pi_T with the weight pi_T/beta
+    (decoupled PPO's, Hilton et al. 2021: V-trace's advantages under decoupled PPO's trust region)"""
 
     # Actors and learner (torch.distributed, gloo)
     num_actors: Optional[int] = None
@@ -426,6 +429,30 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
 # --8<-- [end:ppo_policy_loss]
 
 
+def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advantages, clip_coef, max_weight=100.0):
+    """Decoupled PPO (Hilton, Cobbe, Schulman 2021, arXiv 2110.00641): the clip is centred on pi_T, the
+    learner at the update's start, and the weight w corrects for the stale behaviour policy beta:
+        L = -mean( w * min(r * A, clip(r, 1 - eps, 1 + eps) * A) ),  r = pi_theta/pi_T,  w = sg(min(pi_T/beta, 100))
+    A sample stale at the update's start is weighted, not clipped away as PPO's pi_theta/beta clips it. The
+    cap only guards against blow-ups, as in the authors' code (charts/backward_ratio_max shows if it binds).
+    As w > 0, a term is w r A (= rho A, rho = pi_theta/beta) except where the clip binds (A > 0 and r > 1 +
+    eps, or A < 0 and r < 1 - eps): there the constant w clip(r) A. So at zero lag (pi_T = beta) the gradient
+    is PPO's to the bit, even where log pi_T and log beta differ in their last bits (unless r and rho fall on
+    either side of 1 +- eps). Returns (loss, rho, r)."""
+    logratio = newlogprob - behavior_logprob
+    ratio = logratio.exp()  # rho = w r
+    proximal_ratio = (newlogprob - proximal_logprob).exp()  # r
+    weight = (proximal_logprob - behavior_logprob).exp()  # w, before the cap (no gradient: both are data)
+    # min(w, 100) r; rho's log clamped at 80, far beyond any ratio that trains, since an exp that
+    # overflowed would turn the unused branch's zero gradient into NaN
+    finite_ratio = logratio.clamp(max=80.0).exp()
+    weighted_ratio = torch.where(weight > max_weight, max_weight * proximal_ratio, finite_ratio)
+    clipped = torch.where(advantages > 0, proximal_ratio > 1 + clip_coef, proximal_ratio < 1 - clip_coef)
+    clipped_term = weight.clamp(max=max_weight) * torch.clamp(proximal_ratio, 1 - clip_coef, 1 + clip_coef) * advantages
+    surrogate = torch.where(clipped, clipped_term.detach(), weighted_ratio * advantages)
+    return -surrogate.mean(), ratio, proximal_ratio
+
+
 # --8<-- [start:vaco_policy_loss]
 def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, reference_logprob=None):
     """TV filtering. Returns (loss, ratio, tv, filtered_fraction).
@@ -463,13 +490,18 @@ def minibatch_loss(params, agent, mb, args):
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-    # Policy loss
+    # Policy loss; ratio = pi_theta/beta, clip_ratio = the ratio clipfrac counts past clip_coef
     if args.tv_filter:  # TV filtering (no ratio clipping)
         reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
         pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(newlogprob, mb["logprobs"], mb_advantages,
                                                                  args.tv_threshold, reference)
+        clip_ratio = ratio
+    elif args.clip_reference == "proximal":  # ablation: decoupled PPO's clip, centred on pi_T
+        pg_loss, ratio, clip_ratio = decoupled_policy_loss(newlogprob, mb["logprobs"], mb["proximal_logprobs"],
+                                                           mb_advantages, args.clip_coef)
     else:  # ablation: PPO's clipped surrogate
         pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+        clip_ratio = ratio
     logratio = newlogprob - mb["logprobs"]
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
@@ -487,7 +519,7 @@ def minibatch_loss(params, agent, mb, args):
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
 
     stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss, old_approx_kl=(-logratio).mean(),
-                 approx_kl=kl, clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
+                 approx_kl=kl, clipfrac=((clip_ratio - 1.0).abs() > args.clip_coef).float().mean(),
                  tv_divergence=0.5 * (ratio - 1).abs().mean())
     if args.tv_filter:  # filter_tv: the TV compared with delta
         stats.update(filtered_fraction=filtered_fraction, filter_on_fraction=(tv > args.tv_threshold).float(),
@@ -1200,6 +1232,8 @@ def check_args(args: Args) -> None:
     if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
         sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
                  "first from the logged returns; pip install 'gymnasium>=1.4'")
+    if args.clip_reference == "proximal" and args.tv_filter:
+        sys.exit("error: --clip-reference proximal centres the clip of the --no-tv-filter ablation; add --no-tv-filter")
     if args.env_id not in gym.registry:
         close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
