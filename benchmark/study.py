@@ -59,6 +59,12 @@ ALGORITHMS = {
     # both components off: PPO's pipeline with VACO's value loss (no clipping), which separates
     # what the value loss does from what the method does
     "vaco-none": ("vaco_continuous.py", ["--no-advantage-alignment", "--no-tv-filter", "--no-clip-vloss"]),
+    # V-trace's advantages under decoupled PPO's trust region (VACO's ablation with the clip centred on pi_T)
+    "vtrace-decoupled": ("vaco_continuous.py", ["--no-tv-filter", "--clip-reference", "proximal"]),
+    # GePPO (Queeney et al. 2021) at the authors' settings: V-trace, the band around pi_T/beta, the learning-rate rule
+    "geppo": ("geppo_continuous.py", ["--clip-coef", "0.2", "--adapt-lr", "--adapt-factor", "0.03"]),
+    "geppo-gae": ("geppo_continuous.py", ["--clip-coef", "0.2", "--adapt-lr", "--adapt-factor", "0.03",
+                                          "--no-advantage-alignment"]),
 }
 # The delta sweep: every threshold against each reference policy.
 DELTAS = (0.05, 0.1, 0.2)
@@ -105,6 +111,10 @@ PRESETS = {
     # Beside decoupled PPO, which centres PPO's clip on pi_T: VACO with its TV filter measured against
     # pi_T instead of beta (--tv-reference proximal, delta 0.1), at K = 8 on the same grid and folder.
     "ten-tasks-proximal": (1_000_000, [1, 2, 3], [(["vaco-proximal-0.1"], [8], PAPER_TASKS)]),
+    # Which part wins lag back: V-trace's advantages under decoupled PPO's clip, and GePPO (V-trace with a TV band
+    # around pi_T), at K = 8 on the same grid and folder; then GePPO with GAE, the advantages under a second trust region.
+    "ten-tasks-trust-region": (1_000_000, [1, 2, 3], [(["vtrace-decoupled", "geppo"], [8], PAPER_TASKS),
+                                                      (["geppo-gae"], [8], PAPER_TASKS)]),
     # The README's main job at length: Ant-v4 at K = 8 for 3M steps.
     "ant-3m": (3_000_000, [1, 2, 3], [(["ppo", "vaco"], [8], ["Ant-v4"])]),
     "paper": (1_000_000, list(range(1, 11)), [
@@ -125,6 +135,9 @@ DIAGNOSTICS = {
     "losses/filter_on_fraction": "filter_on_fraction",
     "losses/filter_tv": "filter_tv",
     "losses/entropy": "entropy",
+    "losses/proximal_tv": "proximal_tv",
+    "charts/update_tv": "update_tv",
+    "charts/actor_learning_rate": "actor_learning_rate",
 }
 COLUMNS = ["step", "episodes", "return_mean"] + list(DIAGNOSTICS.values())
 

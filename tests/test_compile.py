@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+import geppo_continuous
 import ppo_continuous
 import spo_continuous
 import vaco_async
 import vaco_continuous
 
-SCRIPTS = [ppo_continuous, spo_continuous, vaco_continuous, vaco_async]
+SCRIPTS = [ppo_continuous, spo_continuous, vaco_continuous, vaco_async, geppo_continuous]
 script = pytest.mark.parametrize("module", SCRIPTS, ids=lambda m: m.__name__)
 
 
@@ -22,6 +23,11 @@ def random_flat(obs_dim=11, act_dim=3, size=256, seed=0):
                 logprobs=torch.randn(size, generator=g) - 3, advantages=torch.randn(size, generator=g),
                 returns=torch.randn(size, generator=g), values=torch.randn(size, generator=g),
                 proximal_logprobs=torch.randn(size, generator=g) - 3)
+
+
+def rate(module, value):
+    """The `lr` train_step takes: one rate, or GePPO's two (the critic's and the actor's)."""
+    return torch.tensor([value, value]) if module is geppo_continuous else torch.tensor(value)
 
 
 def fresh(module, seed=0):
@@ -38,11 +44,11 @@ def test_eager_update_is_adam_with_gradient_clipping(module):
     reference = module.Agent(11, 3)
     reference.load_state_dict(agent.state_dict())
     optimizer = torch.optim.Adam(reference.parameters(), lr=3e-3, eps=1e-5)
-    args, flat = module.Args(max_grad_norm=0.5), random_flat()
+    args, flat = module.Args(max_grad_norm=0.2), random_flat()
     g = torch.Generator().manual_seed(1)
     for _ in range(10):
         indices = torch.randperm(256, generator=g)[:64]
-        module.train_step(params, adam, flat, indices, torch.tensor(3e-3), agent, args)
+        module.train_step(params, adam, flat, indices, rate(module, 3e-3), agent, args)
         mb = {key: value[indices] for key, value in flat.items()}
         loss, _ = module.minibatch_loss(dict(reference.named_parameters()), reference, mb, args)
         optimizer.zero_grad()
@@ -61,7 +67,7 @@ def test_compiled_update_agrees_with_eager(module):
     (agent, params, adam), (agent_eager, params_eager, adam_eager) = fresh(module), fresh(module)
     args, flat = module.Args(), random_flat()
     compiled = torch.compile(module.train_step, fullgraph=True)  # as main compiles it
-    lr = torch.tensor(3e-4)
+    lr = rate(module, 3e-4)
     g = torch.Generator().manual_seed(1)
     for step in range(6):
         indices = torch.randperm(256, generator=g)[:64]

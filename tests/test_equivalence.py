@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import geppo_continuous as geppo
 import ppo_continuous as ppo
 import spo_continuous as spo
 import vaco_async
@@ -38,6 +39,19 @@ def test_vaco_without_its_method_is_ppo(train):
     # VACO's own value loss (no clipping) is the one difference left; the comparison sees it
     _, unclipped = train(vaco, exp_name="unclipped", advantage_alignment=False, tv_filter=False, **FEW_UPDATES)
     assert unclipped["losses/value_loss"] != reference["losses/value_loss"]
+
+
+def test_vtrace_with_the_decoupled_clip_is_decoupled_ppo_but_for_its_advantages(train):
+    # VACO's ablation with decoupled PPO's clip: without V-trace, and with PPO's value-loss clipping, it is
+    # decoupled PPO bit for bit; with V-trace (the option's purpose) the same trust region on other advantages
+    _, decoupled = train(ppo, exp_name="decoupled", clip_reference="proximal", **FEW_UPDATES)
+    common = dict(tv_filter=False, clip_reference="proximal", clip_vloss=True, **FEW_UPDATES)
+    _, gae = train(vaco, exp_name="gae", advantage_alignment=False, **common)
+    _, vtrace = train(vaco, exp_name="vtrace", **common)
+    assert_same_run(decoupled, gae)
+    assert max(decoupled["losses/clipfrac"]) > 0
+    assert vtrace["losses/policy_loss"][1:] != decoupled["losses/policy_loss"][1:]
+    assert vtrace["charts/episodic_return"][:3] == decoupled["charts/episodic_return"][:3]  # the same first rollout
 
 
 def test_each_vaco_component_changes_the_run(train):
@@ -102,11 +116,14 @@ def changed_lines(a, b):
     return [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
 
 
-@pytest.mark.parametrize("other, limit", [("vaco_continuous.py", 200), ("spo_continuous.py", 130)])
-def test_diff_against_ppo_stays_the_method(other, limit):
-    # what a reader checks with `diff ppo_continuous.py <other>`: the method (and PPO's own options,
-    # PPO-KL and decoupled PPO), not a second pipeline
-    lines = changed_lines("ppo_continuous.py", other)
+@pytest.mark.parametrize("base, other, limit", [("ppo_continuous.py", "vaco_continuous.py", 200),
+                                               ("ppo_continuous.py", "spo_continuous.py", 130),
+                                               ("vaco_continuous.py", "geppo_continuous.py", 250)])
+def test_diff_stays_the_method(base, other, limit):
+    # what a reader checks with `diff ppo_continuous.py <other>` (and `diff vaco_continuous.py geppo_continuous.py`,
+    # the sibling that shares VACO's V-trace): the method (and PPO's own options, PPO-KL and decoupled PPO), not a
+    # second pipeline
+    lines = changed_lines(base, other)
     assert 0 < len(lines) <= limit, f"{len(lines)} changed lines"
 
 
@@ -115,12 +132,16 @@ def test_diff_against_ppo_stays_the_method(other, limit):
 # its checkpoints hold: each actor's noise generator instead of the simulated lag's state)
 # (ppo_continuous.py's own option, decoupled PPO, is its decoupled_policy_loss)
 METHOD = {spo: {"Args", "check_args", "ppo_policy_loss", "decoupled_policy_loss", "minibatch_loss"},
-          vaco: {"Args", "check_args", "estimate_advantages", "decoupled_policy_loss", "minibatch_loss", "main"},
-          vaco_async: {"Args", "check_args", "estimate_advantages", "decoupled_policy_loss", "minibatch_loss", "main",
-                       "make_envs", "RewardScaler", "PolicyBuffer", "collect_rollout", "checkpoint_of", "resume"}}
+          vaco: {"Args", "check_args", "estimate_advantages", "minibatch_loss", "main"},
+          vaco_async: {"Args", "check_args", "estimate_advantages", "minibatch_loss", "main",
+                       "make_envs", "RewardScaler", "PolicyBuffer", "collect_rollout", "checkpoint_of", "resume"},
+          # GePPO: VACO's V-trace, its own trust region (the loss, the band's normalisation), the actor's own rate
+          # (train_step), the learning-rate rule, and the rule's factor in its checkpoints
+          geppo: {"Args", "check_args", "estimate_advantages", "ppo_policy_loss", "decoupled_policy_loss",
+                  "minibatch_loss", "train_step", "main", "checkpoint_of", "resume"}}
 
 
-@pytest.mark.parametrize("other", [spo, vaco, vaco_async], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("other", [spo, vaco, vaco_async, geppo], ids=lambda m: m.__name__)
 def test_everything_but_the_method_is_ppo_s_own_code(other):
     # so a test of the shared pipeline (logging, video, checkpoints) on one script holds for all three
     defined = {name: obj for name, obj in vars(ppo).items()

@@ -1,0 +1,858 @@
+# GePPO for continuous control (MuJoCo) under simulated policy lag. Single file, CleanRL style.
+# Docs: docs/geppo_continuous.md (the `# --8<--` lines mark the excerpts it shows)
+"""GePPO (Generalized Proximal Policy Optimization with Sample Reuse; Queeney, Paschalidis, Cassandras,
+NeurIPS 2021, arXiv 2111.00072), whose actors act with stale copies of the policy.
+
+On-policy methods assume the batch came from the policy being updated. In distributed training
+it did not: each actor acts with whatever policy it last received. We simulate that here
+(``--policy-buffer K``): the learner keeps its last K policy snapshots, and before each rollout
+every env ("actor") draws one of them at random and acts with it for the whole rollout. K = 1 is
+the synchronous setting. GePPO keeps each update close to pi_T, the learner at the update's start,
+whatever policy beta produced the data:
+
+1. Advantages of pi_T by V-trace (truncation 1), from beta's data; the critic regresses on V-trace
+   targets. (This is VACO's advantage alignment.)
+2. A trust region around pi_T: PPO's clipped surrogate, with the ratio rho = pi_theta/beta clipped to the
+   band [w - eps, w + eps] around w = pi_T/beta instead of [1 - eps, 1 + eps]. The band holds
+   TV(pi_theta, pi_T) ~ 1/2 E_beta|rho - w| near eps/2 however stale beta is; at zero lag (w = 1) it is PPO.
+3. The actor's learning rate adapts: divided by 1 + 0.03 after every update whose TV(pi_theta, pi_T)
+   exceeded eps/2.
+
+This file is ``vaco_continuous.py`` with VACO's TV filter replaced by GePPO's trust region:
+``diff vaco_continuous.py geppo_continuous.py`` shows exactly the method. What comes from the paper and
+what from the authors' code (github.com/jqueeney/geppo) where the paper is silent: docs/geppo_continuous.md.
+The paper's sample reuse (training on the last M batches) is not here: every update trains on its own batch.
+
+    python geppo_continuous.py --env-id Ant-v4 --policy-buffer 8
+    python geppo_continuous.py --env-id Hopper-v4 --no-adapt-lr                # the annealed rate only
+    python geppo_continuous.py --env-id Hopper-v4 --no-advantage-alignment     # GAE instead of V-trace
+    tensorboard --logdir runs
+"""
+
+import collections
+import copy
+import difflib
+import os
+import pickle
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    # Algorithm specific arguments
+    env_id: str = "Hopper-v4"
+    """the id of the environment (a MuJoCo task, v4 or v5)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments, each one simulated actor with its own stale policy
+    (8 actors make every batch mix policy ages, as in a real asynchronous system)"""
+    num_steps: int = 256
+    """the number of steps to run in each environment per policy rollout (8 x 256: CleanRL's batch of 2048)"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the number of epochs over each batch"""
+    norm_adv: bool = True
+    """Toggles advantages normalization (per minibatch)"""
+    clip_coef: float = 0.2
+    """eps: the half-width of the band [w - eps, w + eps] around w = pi_T/beta that rho = pi_theta/beta is clipped to
+    (PPO's eps; clipfrac counts the samples outside the band)"""
+    clip_vloss: bool = False
+    """clip the value loss as PPO does; off for GePPO: the critic regresses on V-trace targets"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold (stops the epochs of an update early)"""
+
+    # GePPO
+    rho_bar: float = 1.0
+    """V-trace: clip of the importance ratios in the TD errors (rho-bar; GePPO's truncation 1)"""
+    c_bar: float = 1.0
+    """V-trace: clip of the importance ratios in the trace (c-bar; GePPO's truncation 1)"""
+    advantage_alignment: bool = True
+    """V-trace advantages of the learner's policy; `--no-advantage-alignment` uses GAE"""
+    adapt_lr: bool = True
+    """GePPO's learning-rate rule: after each update, divide the actor's rate by 1 + adapt_factor if TV(pi_theta, pi_T)
+    passed adapt_maxthresh * eps/2, multiply it by 1 + adapt_factor if it stayed under adapt_minthresh * eps/2"""
+    adapt_factor: float = 0.03
+    """the rule's step"""
+    adapt_minthresh: float = 0.0
+    """raise the actor's rate below this multiple of eps/2 (0: never, the authors' default)"""
+    adapt_maxthresh: float = 1.0
+    """lower the actor's rate above this multiple of eps/2"""
+
+    # Simulated asynchrony
+    policy_buffer: int = 1
+    """K: actors act with one of the learner's last K policy snapshots (1 = synchronous training)"""
+
+    # Run management: naming, logging, checkpoints, evaluation, speed
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment: same seed, machine and flags give the same returns"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "vaco"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (env 0, saved to `videos/<run_name>`)"""
+    save_model: bool = False
+    """whether to save a checkpoint to `runs/<run_name>/` and then evaluate it"""
+    eval_episodes: int = 10
+    """episodes of deterministic evaluation of the saved checkpoint (with `--save-model`)"""
+    checkpoint_every: int = 0
+    """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
+    resume: Optional[str] = None
+    """continue a run from a checkpoint it saved, up to `--total-timesteps` (the envs start new
+    episodes; the logs go to a new run folder)"""
+    compile: bool = True
+    """compile the minibatch update (loss, gradient, clipping, Adam) into one program with torch.compile,
+    paid once at the first update (`--no-compile`: the same function, eagerly)"""
+
+    # to be filled in runtime
+    batch_size: int = 0
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = 0
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = 0
+    """the number of iterations (computed in runtime)"""
+
+
+class WithoutInfo(gym.Wrapper):
+    """The env's step without its info (the MuJoCo tasks' reward terms and positions): this script never
+    reads it, and SyncVectorEnv would gather each entry into arrays at every step."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        return obs, reward, terminated, truncated, {}
+
+
+def make_envs(args, run_name):
+    env_fns = [lambda: WithoutInfo(gym.make(args.env_id)) for _ in range(args.num_envs)]
+    if args.capture_video:  # env 0 films its episodes
+        if "DISPLAY" not in os.environ:
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
+        env_fns[0] = lambda: gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"),
+                                                      f"videos/{run_name}")
+    envs = gym.vector.SyncVectorEnv(
+        env_fns,
+        # SAME_STEP: a finished sub-env resets within the step and hands back its last observation
+        # in infos["final_obs"]. So no dummy transition (NEXT_STEP's reset step, whose action is
+        # ignored) enters the batch, and truncations can bootstrap from V(final observation).
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        copy=False,  # the rollout copies what it keeps of each step's observations
+    )
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        envs.close()
+        sys.exit(f"error: {args.env_id} has a {type(envs.single_action_space).__name__} action space; "
+                 "this script needs a continuous (Box) one")
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def with_final_obs(obs, infos):
+    """s_{t+1} of each env: the observation returned by the step, except where an episode ended,
+    whose last observation SAME_STEP autoreset moved to infos["final_obs"]."""
+    if "_final_obs" not in infos:
+        return obs
+    obs = obs.copy()
+    for i in np.flatnonzero(infos["_final_obs"]):
+        obs[i] = infos["final_obs"][i]
+    return obs
+
+
+class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
+    """gymnasium's running mean and variance over batches (Chan et al.'s parallel algorithm), in float64."""
+
+    def update(self, x):
+        x = np.asarray(x, dtype=np.float64)  # float64 sums, whatever the observations' dtype
+        # the batch's mean and variance by np.mean's and np.var's own operations, without their checks
+        batch_mean = np.add.reduce(x, axis=0) / len(x)
+        deviation = x - batch_mean
+        self.update_from_moments(batch_mean, np.add.reduce(deviation * deviation, axis=0) / len(x), len(x))
+
+
+def normalize_obs(obs, obs_rms, clip=10.0):
+    """(o - mean) / std, clipped: what gymnasium's NormalizeObservation + a clip wrapper do, but
+    kept in the script so that final observations (truncation bootstrap) and checkpoints see the
+    very same statistics."""
+    return np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -clip, clip).astype(np.float32)
+
+
+class RewardScaler:
+    """Divide rewards by the std of the discounted return, then clip (gymnasium's NormalizeReward).
+    Keeps the critic's targets O(1) whatever the task's reward scale."""
+
+    def __init__(self, num_envs, gamma, clip=10.0):
+        self.returns = np.zeros(num_envs)
+        self.return_rms = RunningMeanStd()
+        self.gamma, self.clip = gamma, clip
+
+    def __call__(self, rewards, dones):
+        self.returns = self.returns * self.gamma + rewards
+        self.return_rms.update(self.returns)
+        self.returns[dones] = 0.0  # a new episode starts a new discounted return
+        return np.clip(rewards / np.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim, out_dim, out_std):
+    """64-64 tanh MLP, orthogonal init; the output layer's gain sets the initial output scale."""
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, out_dim), std=out_std),
+    )
+
+
+class Actor(nn.Module):
+    """Gaussian policy: an MLP for the mean, a state-independent log-std."""
+
+    def __init__(self, obs_dim, act_dim):
+        super().__init__()
+        self.mean = mlp(obs_dim, act_dim, out_std=0.01)  # near-zero initial means
+        self.logstd = nn.Parameter(torch.zeros(1, act_dim))
+
+    def forward(self, obs):
+        mean = obs
+        for layer in self.mean:  # each layer's forward itself: for the actors' 1-8 observations a module call
+            mean = layer.forward(mean)  # costs more than the layer's arithmetic
+        return mean, self.logstd.expand_as(mean)
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, act_dim):
+        super().__init__()
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.actor = Actor(obs_dim, act_dim)
+
+    def get_value(self, obs):
+        return self.critic(obs).squeeze(-1)
+
+    def forward(self, obs):
+        """(action mean, action log-std, value) of a batch of observations."""
+        return *self.actor(obs), self.get_value(obs)
+
+
+def gaussian_logprob(action, mean, logstd):
+    """log N(action; mean, exp(logstd)) of the joint action (summed over its dimensions)."""
+    return (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - 0.5 * np.log(2 * np.pi)).sum(-1)
+
+
+def gaussian_entropy(logstd):
+    return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
+
+
+# --8<-- [start:lag_simulator]
+class PolicyBuffer:
+    """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
+
+    Snapshots are frozen deep copies, so later updates of the learner never reach them. Age 0 is
+    the newest snapshot (the learner's current policy), age K-1 the oldest. After each update the
+    learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
+
+    def __init__(self, actor, size):
+        self.snapshots = collections.deque(maxlen=size)
+        self.push(actor)
+
+    def push(self, actor):
+        self.snapshots.append(copy.deepcopy(actor).requires_grad_(False))
+
+    def sample_ages(self, num_actors, rng):
+        """Each actor draws one snapshot uniformly among those held (fewer than K early on), to act
+        with until the next draw. Returns the ages, and the actors grouped by age for `act`."""
+        ages = rng.integers(len(self.snapshots), size=num_actors)
+        return ages, [(age, torch.as_tensor(np.flatnonzero(ages == age))) for age in np.unique(ages)]
+
+    def __getitem__(self, age):
+        return self.snapshots[-1 - age]
+
+    def act(self, obs, groups, generator):
+        """Sample each actor's action from its own snapshot (`groups`: [(age, actor indices)]); returns
+        (action, mean, log-std): the actors' Gaussians, whose log-probabilities the rollout takes at its end."""
+        if len(groups) == 1:  # all actors share one snapshot (always when K = 1): skip the scatter
+            mean, logstd = self[groups[0][0]](obs)
+        else:
+            mean = torch.empty(obs.shape[0], self[0].logstd.shape[-1])
+            logstd = torch.empty_like(mean)
+            for age, envs_idx in groups:  # one forward per snapshot in use
+                mean[envs_idx], logstd[envs_idx] = self[age](obs[envs_idx])
+        action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
+        return action, mean, logstd
+# --8<-- [end:lag_simulator]
+
+
+# --8<-- [start:rollout]
+@torch.inference_mode()  # acting needs no gradients
+def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scaler, current_obs, generator):
+    """Step the envs `num_steps` times, each actor with the snapshot it drew (observation statistics updated
+    at every step). Returns the rollout, time-major [T, N, ...], where next_obs[t] is the real s_{t+1} (the
+    final observation where an episode ended at t), the normalised observation to continue from, and the
+    episodes that ended: (return, length, step)."""
+    shapes = dict(obs=envs.single_observation_space.shape, next_obs=envs.single_observation_space.shape,
+                  actions=envs.single_action_space.shape, means=envs.single_action_space.shape, rewards=(),
+                  terminations=(), dones=())
+    rollout = {key: np.zeros((num_steps, envs.num_envs, *shape), np.float32) for key, shape in shapes.items()}
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    episodes = []
+    for step in range(num_steps):
+        rollout["obs"][step] = current_obs
+        action, mean, logstd = policy_buffer.act(torch.as_tensor(current_obs), groups, generator)
+        rollout["actions"][step], rollout["means"][step] = action.numpy(), mean.numpy()
+
+        raw_obs, reward, termination, truncation, infos = envs.step(np.clip(action.numpy(), low, high))
+        done = termination | truncation
+        rollout["rewards"][step] = reward_scaler(reward, done)
+        rollout["terminations"][step], rollout["dones"][step] = termination, done
+        obs_rms.update(raw_obs)
+        current_obs = normalize_obs(raw_obs, obs_rms)
+        rollout["next_obs"][step] = (normalize_obs(with_final_obs(raw_obs, infos), obs_rms) if done.any()
+                                     else current_obs)
+        if done.any():
+            for i in np.flatnonzero(infos["_episode"]):
+                episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
+    # the behaviour log-probabilities, all steps at once (each actor's log-std is the same at every step)
+    rollout["logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(rollout.pop("means")),
+                                           logstd).numpy()
+    return rollout, current_obs, episodes
+# --8<-- [end:rollout]
+
+
+# --8<-- [start:compute_gae]
+def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
+    """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
+
+    next_values[t] = V(s_{t+1}), of the final observation when the episode was truncated at t;
+    terminations[t] = 1 when s_{t+1} is terminal (nothing to bootstrap); dones[t] = 1 when the
+    episode ended at t for any reason (the trace is cut there).
+        TD_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
+        A_t  = TD_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
+    """
+    deltas = rewards + gamma * (1.0 - terminations) * next_values - values
+    discounts = gamma * lam * (1.0 - dones)
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):  # only the recursion is sequential
+        lastgaelam = deltas[t] + discounts[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages
+# --8<-- [end:compute_gae]
+
+
+# --8<-- [start:vtrace_advantages]
+def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_values,
+                      terminations, dones, gamma, lam, rho_bar=1.0, c_bar=1.0):
+    """All inputs are float tensors shaped [T, N] (time-major); returns (advantages, value_targets).
+
+    V-trace (IMPALA) with lambda: the value and advantages of the target policy pi_T estimated from
+    data of the behaviour policy beta. Same conventions as `compute_gae`.
+        rho_t = pi_T(a_t|s_t) / beta(a_t|s_t),  c_t = min(c_bar, rho_t)
+        TD_t = min(rho_bar, rho_t) * (r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t))
+        v_t - V(s_t) = TD_t + gamma * lam * (1 - done_t) * c_t * (v_{t+1} - V(s_{t+1})),  zero after T
+    value_targets = v_t. The advantages are the lambda-weighted policy-gradient form
+        A_t = r_t + gamma * (1 - term_t) * [V(s_{t+1}) + lam * (1 - done_t) * (v_{t+1} - V(s_{t+1}))] - V(s_t)
+    With beta = pi_T (all rho = 1, c = 1) v_t - V(s_t) and A_t are both exactly GAE(lambda).
+    """
+    rhos = torch.exp(target_logprobs - behavior_logprobs)
+    deltas = torch.clamp(rhos, max=rho_bar) * (rewards + gamma * (1.0 - terminations) * next_values - values)
+    discounts = gamma * (1.0 - dones) * lam * torch.clamp(rhos, max=c_bar)
+    vs_minus_values = torch.zeros_like(rewards)
+    acc = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):  # only the recursion is sequential
+        acc = deltas[t] + discounts[t] * acc
+        vs_minus_values[t] = acc
+    # v_{t+1} - V(s_{t+1}), zero beyond the last step (the trace is cut at dones by the (1 - done_t) below)
+    next_vs_minus_values = torch.cat([vs_minus_values[1:], torch.zeros_like(vs_minus_values[:1])])
+    advantages = (rewards + gamma * (1.0 - terminations)
+                  * (next_values + lam * (1.0 - dones) * next_vs_minus_values) - values)
+    return advantages, values + vs_minus_values
+# --8<-- [end:vtrace_advantages]
+
+
+# --8<-- [start:estimate_advantages]
+@torch.no_grad()
+def estimate_advantages(agent, b, args):
+    """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
+    behaviour policies) by V-trace, and V-trace value targets (`returns`) for the critic, from the
+    learner's current critic, with pi_T's log-probabilities of the batch actions (`proximal_logprobs`).
+    Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
+    values = agent.get_value(b["obs"])
+    next_values = agent.get_value(b["next_obs"])
+    proximal_logprobs = gaussian_logprob(b["actions"], *agent.actor(b["obs"]))
+    if not args.advantage_alignment:  # ablation: GAE, as if beta were pi_T
+        advantages = compute_gae(b["rewards"], values, next_values, b["terminations"], b["dones"],
+                                 args.gamma, args.gae_lambda)
+        returns = advantages + values
+    else:
+        advantages, returns = vtrace_advantages(
+            b["logprobs"], proximal_logprobs, b["rewards"], values, next_values, b["terminations"],
+            b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
+        )
+    return dict(values=values, proximal_logprobs=proximal_logprobs, advantages=advantages, returns=returns)
+# --8<-- [end:estimate_advantages]
+
+
+# --8<-- [start:geppo_policy_loss]
+def geppo_policy_loss(newlogprob, behavior_logprob, weight, advantages, eps):
+    """GePPO's clipped surrogate: PPO's, with the ratio clipped to a band around w = pi_T/beta instead of around 1:
+        L = -mean(min(rho * A, clip(rho, w - eps, w + eps) * A)),   rho = pi_theta(a|s) / beta(a|s)
+    In r = pi_theta/pi_T the band is [1 - eps/w, 1 + eps/w]: narrower for a sample pi_T already finds likelier
+    than beta did. No gradient pushes |rho - w| past eps, so TV(pi_theta, pi_T) ~ 1/2 mean|rho - w| stays near
+    eps/2 or below, however far beta is from pi_T (decoupled PPO's band, [1 - eps, 1 + eps] on r with the
+    weight w, is [w - w eps, w + w eps] on rho: wider wherever w > 1). At zero lag (w = 1) it is PPO's loss.
+    Returns (loss, rho)."""
+    ratio = (newlogprob - behavior_logprob).exp()
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, weight - eps, weight + eps)
+    return torch.max(pg_loss1, pg_loss2).mean(), ratio
+# --8<-- [end:geppo_policy_loss]
+
+
+# --8<-- [start:minibatch_loss]
+def minibatch_loss(params, agent, mb, args):
+    """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
+    `agent`), so that torch.func can differentiate it. Returns (loss, {statistic: value} to log)."""
+    mean, logstd, newvalue = torch.func.functional_call(agent, params, (mb["obs"],))
+    newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
+    entropy = gaussian_entropy(logstd)
+
+    # w = pi_T/beta: how much likelier the learner at the update's start finds each action than its actor did
+    weight = (mb["proximal_logprobs"] - mb["logprobs"]).exp()
+    mb_advantages = mb["advantages"]
+    if args.norm_adv:  # GePPO's: centred on the w-weighted mean, scaled by the std of w A (the authors' code)
+        weighted = weight * mb_advantages
+        mb_advantages = (mb_advantages - weighted.mean() / weight.mean()) / (weighted.std() + 1e-8)
+
+    # Policy loss; ratio = pi_theta/beta
+    pg_loss, ratio = geppo_policy_loss(newlogprob, mb["logprobs"], weight, mb_advantages, args.clip_coef)
+    logratio = newlogprob - mb["logprobs"]
+    # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
+    kl = ((ratio - 1) - logratio).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+        v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+    stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss, old_approx_kl=(-logratio).mean(),
+                 approx_kl=kl, clipfrac=((ratio - weight).abs() > args.clip_coef).float().mean(),  # outside the band
+                 tv_divergence=0.5 * (ratio - 1).abs().mean(), proximal_tv=0.5 * (ratio - weight).abs().mean())
+    return loss, {name: value.detach() for name, value in stats.items()}
+# --8<-- [end:minibatch_loss]
+
+
+# --8<-- [start:train_step]
+def adam_state(params):
+    """Adam's state for `params`: the step count t and the moment estimates m and v."""
+    return {"step": torch.zeros(()),
+            "exp_avg": {name: torch.zeros_like(p) for name, p in params.items()},
+            "exp_avg_sq": {name: torch.zeros_like(p) for name, p in params.items()}}
+
+
+def train_step(params, adam, flat, indices, lr, agent, args):
+    """One optimiser step on the minibatch flat[indices]: the gradient of the loss, clipped by its
+    global norm, then Adam. Updates `params` (the agent's parameters) and `adam` in place and
+    returns the minibatch's statistics. One function of tensors in and out, so that torch.compile
+    can make it one program; `lr` is a tensor, so annealing it does not recompile: the critic's rate and
+    the actor's (GePPO adapts the actor's)."""
+    mb = {key: value[indices] for key, value in flat.items()}
+    grads, stats = torch.func.grad(minibatch_loss, has_aux=True)(params, agent, mb, args)
+
+    # gradient clipping: g <- g * min(1, max_grad_norm / ||g||), ||g|| over all parameters
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+    scale = torch.clamp(args.max_grad_norm / (norm + 1e-6), max=1.0)
+
+    # Adam (as torch.optim.Adam, eps = 1e-5): t <- t + 1,  m <- b1 m + (1 - b1) g,
+    # v <- b2 v + (1 - b2) g^2,  p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    beta1, beta2, eps = 0.9, 0.999, 1e-5
+    adam["step"].add_(1)
+    for name, p in params.items():
+        rate = lr[1] if name.startswith("actor.") else lr[0]
+        g = grads[name] * scale
+        m = adam["exp_avg"][name].mul_(beta1).add_((1 - beta1) * g)
+        v = adam["exp_avg_sq"][name].mul_(beta2).add_((1 - beta2) * g * g)
+        p.sub_(rate * (m / (1 - beta1 ** adam["step"])) / ((v / (1 - beta2 ** adam["step"])).sqrt() + eps))
+    return stats
+# --8<-- [end:train_step]
+
+
+# --8<-- [start:adapt_lr]
+@torch.no_grad()
+def update_tv(agent, flat):
+    """TV(pi_theta, pi_T) ~ 1/2 mean|rho - w| over the whole batch: how far the update moved the policy."""
+    newlogprob = gaussian_logprob(flat["actions"], *agent.actor(flat["obs"]))
+    ratio, weight = (newlogprob - flat["logprobs"]).exp(), (flat["proximal_logprobs"] - flat["logprobs"]).exp()
+    return 0.5 * (ratio - weight).abs().mean().item()
+
+
+def adapted_lr_scale(scale, tv, args):
+    """GePPO's learning-rate rule: the factor on the actor's rate, divided by 1 + adapt_factor after an update that
+    moved the policy further than the band allows on average (TV > adapt_maxthresh * eps/2), multiplied by it after
+    one that stayed under adapt_minthresh * eps/2."""
+    if tv > args.adapt_maxthresh * args.clip_coef / 2:
+        return scale / (1 + args.adapt_factor)
+    if tv < args.adapt_minthresh * args.clip_coef / 2:
+        return scale * (1 + args.adapt_factor)
+    return scale
+# --8<-- [end:adapt_lr]
+
+
+def main(args: Args):
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // args.num_minibatches)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    check_args(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+    # env setup
+    envs = make_envs(args, run_name)
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+
+    torch.manual_seed(args.seed)  # the networks' initial weights
+    torch.set_num_threads(1)  # tiny MLPs: thread hand-offs cost more than they give
+    generator = torch.Generator().manual_seed(args.seed)  # minibatch order
+    action_generator = torch.Generator().manual_seed(args.seed + 1)  # the actors' action noise
+    lag_rng = np.random.default_rng(args.seed)  # which snapshot each actor draws
+
+    agent = Agent(obs_dim, act_dim)
+    params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
+    adam = adam_state(params)
+    lr = torch.tensor([args.learning_rate, args.learning_rate])  # the critic's and the actor's
+    lr_scale = torch.ones(())  # GePPO's factor on the actor's rate (a tensor: checkpoints keep it)
+    update = compiled_or_eager(train_step, args.compile)
+    policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
+    obs_rms = RunningMeanStd(shape=(obs_dim,))
+    reward_scaler = RewardScaler(args.num_envs, args.gamma)
+    # what a checkpoint holds, and --resume restores
+    saved = dict(agent=agent, optimizer=adam, obs_rms=obs_rms, reward_rms=reward_scaler.return_rms,
+                 policy_buffer=policy_buffer, generator=generator, action_generator=action_generator, lag_rng=lag_rng,
+                 lr_scale=lr_scale)
+    global_step, start_iteration, num_iterations = resume(args, saved)  # 0, 1, args.num_iterations without --resume
+    writer = open_logs(args, run_name)  # after every check: a run that exits early leaves no logs
+
+    recent_returns = collections.deque(maxlen=100)
+    progress = Progress(global_step, global_step + (num_iterations - start_iteration + 1) * args.batch_size)
+    raw_obs, _ = envs.reset(seed=args.seed)
+    obs_rms.update(raw_obs)
+    current_obs = normalize_obs(raw_obs, obs_rms)
+
+    for iteration in range(start_iteration, num_iterations + 1):
+        # Annealing the rate if instructed to do so; the actor's carries GePPO's factor too.
+        frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
+        lr[0], lr[1] = frac * args.learning_rate, frac * args.learning_rate * lr_scale.item()
+
+        # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
+        ages, groups = policy_buffer.sample_ages(args.num_envs, lag_rng)
+        writer.add_scalar("charts/policy_lag_mean", ages.mean(), global_step)
+        writer.add_scalar("charts/policy_lag_max", ages.max(), global_step)
+        rollout, current_obs, episodes = collect_rollout(envs, args.num_steps, policy_buffer, groups, obs_rms,
+                                                         reward_scaler, current_obs, action_generator)
+        for ret, length, step in episodes:
+            recent_returns.append(ret)
+            ended_at = global_step + (step + 1) * args.num_envs  # logged at the env step that ended it
+            writer.add_scalar("charts/episodic_return", ret, ended_at)
+            writer.add_scalar("charts/episodic_length", length, ended_at)
+        global_step += args.batch_size
+
+        b = {key: torch.as_tensor(value) for key, value in rollout.items()}
+        b.update(estimate_advantages(agent, b, args))
+        # Backward lag: how far the learner already is from the behaviour policies, before any step.
+        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
+        writer.add_scalar("charts/backward_tv", 0.5 * (start_ratio - 1).abs().mean().item(), global_step)
+        # its importance ratios pi_T/beta: V-trace's rho, the centre w of GePPO's band
+        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
+        writer.add_scalar("charts/rho_clipped_fraction", (start_ratio > args.rho_bar).float().mean().item(), global_step)
+
+        # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
+                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
+
+        # Optimizing the policy and value network
+        stats = collections.defaultdict(list)
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, generator=generator)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                for name, value in update(params, adam, flat, mb_inds, lr, agent, args).items():
+                    stats[name].append(value)
+
+            if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
+                break
+
+        # GePPO's learning-rate rule, on how far the update moved the policy from pi_T
+        moved = update_tv(agent, flat)
+        if args.adapt_lr:
+            lr_scale.fill_(adapted_lr_scale(lr_scale.item(), moved, args))
+
+        # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
+        policy_buffer.push(agent.actor)
+
+        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        sps = progress.update(global_step, recent_returns, lag=ages.mean(), last=iteration == num_iterations)
+        writer.add_scalar("charts/learning_rate", lr[0].item(), global_step)
+        writer.add_scalar("charts/actor_learning_rate", lr[1].item(), global_step)
+        writer.add_scalar("charts/update_tv", moved, global_step)
+        for name, values_list in stats.items():  # means over all minibatches of the update
+            writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
+                and iteration < num_iterations:
+            save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
+                            checkpoint_of(saved, global_step, iteration, args))
+
+    envs.close()
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        save_checkpoint(model_path, checkpoint_of(saved, global_step, num_iterations, args))
+        evaluate(model_path, args, writer)
+    close_logs(writer, args)
+
+
+# ==================================== run management ====================================
+# Input checks, compile or not, checkpoints, resume, evaluation, logs, progress: main calls each in one line.
+
+
+def check_args(args: Args) -> None:
+    """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "clip_coef", "rho_bar", "c_bar"):
+        if getattr(args, name) <= 0:
+            sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.policy_buffer < 1:
+        sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
+    for name in ("eval_episodes", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.batch_size % args.num_minibatches:
+        sys.exit(f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
+                 f"is not divisible by --num-minibatches {args.num_minibatches}")
+    if args.total_timesteps < args.batch_size:
+        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size})")
+    if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
+        sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
+                 "first from the logged returns; pip install 'gymnasium>=1.4'")
+    if args.adapt_factor < 0 or not 0 <= args.adapt_minthresh <= args.adapt_maxthresh:
+        sys.exit(f"error: the learning-rate rule needs --adapt-factor >= 0 and 0 <= --adapt-minthresh <= "
+                 f"--adapt-maxthresh, got {args.adapt_factor}, {args.adapt_minthresh}, {args.adapt_maxthresh}")
+    if args.env_id not in gym.registry:
+        close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        sys.exit(f"error: unknown environment id '{args.env_id}'{hint}")
+
+
+def compiled_or_eager(step, enabled):
+    """`step` compiled into one program by torch.compile, or `step` itself: with `enabled` False, or where
+    the backend cannot compile here (no C++ compiler, say), which one line says. Decided once, before
+    training, by compiling a tiny program; `step` compiles at its first call (an error of its own is raised)."""
+    if not enabled:
+        return step
+    try:
+        torch.compile(lambda x: x + 1, fullgraph=True)(torch.zeros(2))
+    except torch._dynamo.exc.BackendCompilerFailed as error:
+        inner = f"{type(error.inner_exception).__name__}: {error.inner_exception}".splitlines()[0][:200]
+        print(f"note: torch.compile failed ({inner}); the update runs eagerly", flush=True)
+        return step
+    print("compiling the update step at the first update (--no-compile skips this)", flush=True)
+    return torch.compile(step, fullgraph=True)
+
+
+def save_checkpoint(path, checkpoint):
+    """`checkpoint` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
+    if os.path.exists(path):  # the run directory is new, so this only guards against misuse
+        raise FileExistsError(f"refusing to overwrite {path}")
+    torch.save(checkpoint, path)
+    print(f"model saved to {path}", flush=True)
+
+
+def load_checkpoint(path):
+    """weights_only=True: loading a checkpoint never runs code; a file that holds a pickled object
+    (anything beyond tensors and plain containers) is refused with a one-line error."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        sys.exit(f"error: refusing to load {path}: it holds more than tensors and plain values "
+                 "(a pickled object, which could run code)")
+    except Exception as error:  # a truncated or foreign file
+        sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
+
+
+def checkpoint_of(saved, global_step, iteration, args):
+    """Everything a resumed run needs, of the objects in `saved`, as tensors and plain numbers."""
+    return {"agent": saved["agent"].state_dict(), "optimizer": saved["optimizer"],
+            "obs_rms": rms_state(saved["obs_rms"]), "reward_rms": rms_state(saved["reward_rms"]),
+            "policy_buffer": [snapshot.state_dict() for snapshot in saved["policy_buffer"].snapshots],  # oldest first
+            "generator": saved["generator"].get_state(), "action_generator": saved["action_generator"].get_state(),
+            "lag_rng": saved["lag_rng"].bit_generator.state, "lr_scale": saved["lr_scale"],
+            "global_step": global_step, "iteration": iteration, "args": vars(args)}
+
+
+def resume(args, saved):
+    """Load the checkpoint `--resume` names into the objects in `saved`, after checking it against these
+    settings. Returns the step and the update to go on from, and the last update: a resumed run trains
+    the whole batches that fit in what is left of the budget (its batch size may differ). Without
+    `--resume`: 0, 1 and args.num_iterations."""
+    if args.resume is None:
+        return 0, 1, args.num_iterations
+    if not os.path.isfile(args.resume):
+        sys.exit(f"error: --resume {args.resume}: no such file")
+    checkpoint = load_checkpoint(args.resume)
+    global_step, iteration = checkpoint["global_step"], checkpoint["iteration"]
+    if checkpoint["args"]["env_id"] != args.env_id:
+        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
+                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
+    if args.total_timesteps - global_step < args.batch_size:
+        sys.exit(f"error: --resume {args.resume} is already at step {global_step}; "
+                 f"raise --total-timesteps above it to train on")
+    try:
+        saved["agent"].load_state_dict(checkpoint["agent"])
+    except (RuntimeError, ValueError, KeyError) as error:
+        sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+    adam = saved["optimizer"]  # saved with that agent, so it fits
+    adam["step"].copy_(checkpoint["optimizer"]["step"])
+    for moment in ("exp_avg", "exp_avg_sq"):
+        for name, value in checkpoint["optimizer"][moment].items():
+            adam[moment][name].copy_(value)
+    load_rms_state(saved["obs_rms"], checkpoint["obs_rms"])
+    load_rms_state(saved["reward_rms"], checkpoint["reward_rms"])
+    buffer, snapshot = saved["policy_buffer"], copy.deepcopy(saved["policy_buffer"][0])
+    buffer.snapshots.clear()  # the saved snapshots, oldest first, replace it (the initial policy is among them)
+    for state in checkpoint["policy_buffer"]:
+        snapshot.load_state_dict(state)
+        buffer.push(snapshot)  # a frozen copy
+    saved["generator"].set_state(checkpoint["generator"])
+    saved["action_generator"].set_state(checkpoint["action_generator"])
+    saved["lag_rng"].bit_generator.state = checkpoint["lag_rng"]
+    saved["lr_scale"].copy_(checkpoint["lr_scale"])
+    print(f"resumed from {args.resume} at step {global_step} (update {iteration})")
+    return global_step, iteration + 1, iteration + (args.total_timesteps - global_step) // args.batch_size
+
+
+def rms_state(rms):
+    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+
+
+def load_rms_state(rms, state):
+    rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
+
+
+def load_agent(path, obs_dim, act_dim):
+    checkpoint = load_checkpoint(path)
+    agent = Agent(obs_dim, act_dim)
+    agent.load_state_dict(checkpoint["agent"])
+    obs_rms = RunningMeanStd(shape=(obs_dim,))
+    load_rms_state(obs_rms, checkpoint["obs_rms"])
+    return agent, obs_rms
+
+
+@torch.inference_mode()
+def evaluate(path, args, writer):
+    """--eval-episodes episodes of the saved policy (mean actions, frozen observation statistics), their
+    returns logged as eval/episodic_return."""
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make(args.env_id))
+    agent, obs_rms = load_agent(path, env.observation_space.shape[0], env.action_space.shape[0])
+    returns = []
+    obs, _ = env.reset(seed=args.seed + 10_000)
+    while len(returns) < args.eval_episodes:
+        mean, _ = agent.actor(torch.as_tensor(normalize_obs(obs[None], obs_rms)))
+        action = np.clip(mean[0].numpy(), env.action_space.low, env.action_space.high)
+        obs, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            returns.append(float(info["episode"]["r"]))
+            writer.add_scalar("eval/episodic_return", returns[-1], len(returns) - 1)
+            obs, _ = env.reset()
+    env.close()
+    if returns:
+        print(f"eval: mean return over {len(returns)} episodes = {np.mean(returns):.1f}")
+
+
+def open_logs(args, run_name):
+    """TensorBoard in runs/<run_name>, a folder never used before, mirrored to Weights & Biases with --track."""
+    if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
+        sys.exit(f"error: runs/{run_name} already exists; wait a second or change --exp-name")
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    return writer
+
+
+def close_logs(writer, args):
+    writer.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
+
+
+class Progress:
+    """The progress line, every 10 s and at the end: steps, steps per second, the mean return of the last
+    100 episodes, the batch's mean policy lag, the ETA."""
+
+    def __init__(self, start_step, end_step):
+        self.start_step, self.end_step = start_step, end_step
+        self.start_time = self.last_print = time.time()
+
+    def update(self, global_step, recent_returns, lag, last):
+        """Print the line when it is due; returns the steps per second since the start."""
+        now = time.time()
+        sps = int((global_step - self.start_step) / (now - self.start_time))
+        if now - self.last_print > 10 or last:
+            self.last_print = now
+            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+            left = int((self.end_step - global_step) / max(sps, 1))  # seconds
+            eta = f"{left // 3600}h{left % 3600 // 60:02d}m" if left >= 3600 else f"{left // 60}m{left % 60:02d}s"
+            print(f"step {global_step}/{self.end_step} ({100 * global_step / self.end_step:.0f}%) | SPS: {sps} | "
+                  f"return (last {len(recent_returns)} eps) {recent} | lag {lag:.2f} | ETA {eta}", flush=True)
+        if last and recent_returns:
+            print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
+                  f"{np.mean(recent_returns):.1f}")
+        return sps
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
