@@ -2,6 +2,7 @@
 synthetic results whose scores and aggregates are known, and one tiny real run."""
 
 import collections
+import csv
 import importlib
 import itertools
 import json
@@ -216,6 +217,76 @@ def test_the_share_of_the_lag_loss_won_back_on_the_tasks_where_lag_hurts(tmp_pat
                                                                         "median over 2 tasks"]
 
 
+def write_csv_columns(folder, task, algorithm, seed, k=8, **columns):
+    """Add per-update diagnostic columns to a run written by write_run."""
+    path = os.path.join(folder, study.Run(task, algorithm, k, seed, 0).name + ".csv")
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    for name, values in columns.items():
+        for row, value in zip(rows, values):
+            row[name] = value
+    study.write_csv(path, rows)
+
+
+def trust_region_folder(tmp_path):
+    """Three tasks where lag hurts PPO (K = 1: 100 above random, K = 8: 20), and the methods under lag at K = 8
+    with 3 seeds spreading returns by 1: decoupled PPO wins back all of the loss on every task, V-trace under
+    its clip a quarter on TaskA and TaskB and all on TaskC, VACO half, GePPO falls behind PPO on TaskC (5 below
+    it) and wins back all elsewhere; VACO against pi_T has 3 seeds but GePPO with GAE only one."""
+    folder, randoms = study_folder(tmp_path, {"TaskA-v4": 0.0, "TaskB-v4": 0.0, "TaskC-v4": 0.0})
+    gains = {"ppo-decoupled": [80, 80, 80], "vtrace-decoupled": [20, 20, 80], "vaco": [40, 40, 40],
+             "vaco-proximal-0.1": [40, 40, 40], "geppo": [80, 80, -5]}
+    for i, task in enumerate(randoms):
+        for seed in (1, 2, 3):
+            write_run(folder, task, "ppo", 1, seed, [100 - 2 + seed] * 10)
+            write_run(folder, task, "ppo", 8, seed, [20 - 2 + seed] * 10)
+            for algorithm, gain in gains.items():
+                write_run(folder, task, algorithm, 8, seed, [20 + gain[i] - 2 + seed] * 10)
+            # GePPO's logs: its actor's rate, annealed over 10 updates and lowered 1.03^-4 by the last
+            write_csv_columns(folder, task, "geppo", seed, actor_learning_rate=[3e-4 * (1 - u / 10) * (1.03 ** -min(u, 4))
+                                                                                 for u in range(10)], backward_tv=[0.1] * 10)
+    write_run(folder, "TaskA-v4", "geppo-gae", 8, 1, [60] * 10)
+    return folder
+
+
+def test_which_part_wins_lag_back_one_variable_at_a_time(tmp_path, saved):
+    folder = trust_region_folder(tmp_path)
+    analyze.main(analyze.Args(results_dir=folder, reps=200))
+    report = open(os.path.join(folder, "report.md")).read()
+    section = report[report.index("[start:trust_region]"):report.index("[end:trust_region]")]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("| method") and not line.startswith("| task"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows.setdefault(cells[0], []).append(cells[1:])
+    # the first table: what each method is made of, and its IQM (decoupled PPO: (20 + 80) / 100 = 1)
+    assert rows["decoupled PPO"][0][:3] == ["GAE", "decoupled clip: π_θ/π_T, weight π_T/β", "1.00 [0.99, 1.01]"]
+    assert rows["GePPO"][0][0] == "V-trace" and rows["PPO"][0][2].startswith("0.20 [")
+    assert rows["decoupled PPO"][0][3].startswith("1.00 [")  # P(decoupled PPO > PPO)
+    # lag won back: medians over the three tasks, the range, the pairs won, where clearly behind
+    assert rows["V-trace + decoupled clip"][1] == [rows["V-trace + decoupled clip"][1][0], "0.25 to 1.00", "27/27",
+                                                   "none"]
+    assert rows["V-trace + decoupled clip"][1][0].startswith("0.25 [")
+    assert rows["GePPO"][1][1:] == ["-0.06 to 1.00", "18/27", "TaskC-v4"]
+    # per task, X/PPO at K = 8 and the pairs won, bold where clearly behind: GePPO on TaskC
+    task_c = [line for line in section.splitlines() if line.startswith("| TaskC-v4 | ")][0]
+    assert "**0.75 (0/9)**" in task_c and "5.00 (9/9)" in task_c  # (15 - 0) / (20 - 0), (100 - 0) / 20
+    # one variable at a time: V-trace under decoupled PPO's clip against GAE under it; GePPO with GAE is incomplete
+    assert rows["the advantages, GAE → V-trace"][0][:2] == ["decoupled PPO", "V-trace + decoupled clip"]
+    # P(V-trace + decoupled clip > decoupled PPO): behind on TaskA and TaskB, a tie on TaskC: (0 + 0 + 1/2) / 3
+    assert rows["the advantages, GAE → V-trace"][0][2].startswith("0.17 [")
+    assert len(rows["the advantages, GAE → V-trace"]) == 1
+    assert rows["the trust region, all with V-trace"][2][:2] == ["V-trace + decoupled clip", "GePPO"]
+    assert rows["the trust region, all with V-trace"][2][4] == "TaskC-v4"  # either side of PPO there
+    assert "Incomplete at K = 8, in no table here: GePPO with GAE (1 of 9 runs)." in section
+    # where they disagree (TaskC: GePPO behind PPO, the others ahead): every method's diagnostics
+    assert "| TaskC-v4 | GePPO | 0.75 | 0.1 |  |  |  | 0.89 |" in section  # 1.03^-4
+    assert "| TaskA-v4 | GePPO |" not in section
+    figure = saved[os.path.join(folder, "trust_region.png")]
+    readable(figure, legend=False)
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()][:2] == ["PPO", "VACO"]
+
+
 def test_without_lag_loss_there_is_no_lag_recovered_section(tmp_path):
     folder, randoms = study_folder(tmp_path)
     for seed in (1, 2):
@@ -308,9 +379,9 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
     analyze.main(analyze.Args(results_dir=folder, reps=50))
     saved = {os.path.basename(path): fig for path, fig in saved.items()}
     assert sorted(saved) == ["aggregates_K1.png", "aggregates_K8.png", "delta_sensitivity.png", "lag_recovered.png",
-                             "lag_robustness.png", "learning_curves.png"]
+                             "lag_robustness.png", "learning_curves.png", "trust_region.png"]
     for name, fig in saved.items():
-        readable(fig, legend=not name.startswith("aggregates"))
+        readable(fig, legend=not name.startswith(("aggregates", "trust_region")))  # their tick labels name the bars
         image = Image.open(os.path.join(folder, name))
         assert image.info["dpi"][0] == pytest.approx(analyze.FIGURE_DPI, abs=0.5), name  # 2x a screen's 96 dpi
         assert image.size[0] == round(fig.get_figwidth() * analyze.FIGURE_DPI), name
