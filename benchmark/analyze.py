@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 import tyro
 
-from study import DELTAS  # a sibling script of this folder
+from study import DELTAS, FOLDERS, PRESETS, grid  # a sibling script of this folder
 
 SLICES = 10
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
@@ -230,24 +230,37 @@ def update_random_scores(folder, tasks, references, precision=0.01, min_episodes
 
 # --- aggregates ---------------------------------------------------------------------------------
 
+def each_seeded(estimate, entries, reps, seed):
+    """rliable's interval estimates of `estimate` for each entry, each from the bootstrap seeded with `seed`
+    (rliable draws from numpy's global generator): an entry's interval is the same whichever others a
+    section computes beside it."""
+    from rliable import library as rly
+
+    points, intervals = {}, {}
+    for name, entry in entries.items():
+        np.random.seed(seed)
+        point, interval = rly.get_interval_estimates({name: entry}, estimate, reps=reps)
+        points.update(point)
+        intervals.update(interval)
+    return points, intervals
+
+
 def aggregates(matrices, reps, seed):
     """rliable point estimates and 95% intervals of METRICS for each entry of `matrices`."""
-    from rliable import library as rly, metrics
+    from rliable import metrics
 
     def fn(x):
         return np.array([metrics.aggregate_median(x), metrics.aggregate_iqm(x), metrics.aggregate_mean(x),
                          metrics.aggregate_optimality_gap(x)])
 
-    np.random.seed(seed)  # rliable's bootstrap draws from numpy's global generator
-    return rly.get_interval_estimates(matrices, fn, reps=reps)
+    return each_seeded(fn, matrices, reps, seed)
 
 
 def probability_of_improvement(pairs, reps, seed):
     """P(X > Y) with 95% intervals for each {"X,Y": (scores_x, scores_y)}."""
-    from rliable import library as rly, metrics
+    from rliable import metrics
 
-    np.random.seed(seed)
-    return rly.get_interval_estimates(pairs, metrics.probability_of_improvement, reps=reps)
+    return each_seeded(metrics.probability_of_improvement, pairs, reps, seed)
 
 
 def diagnostics(runs, key, tasks):
@@ -436,14 +449,13 @@ def lag_recovered(raw, tasks, k, algorithms, reps, seed):
     point[i] is tasks[i]'s share, point[-2] the mean over tasks and point[-1] the median over tasks (of the
     per-task shares: a task whose small loss makes its share large cannot carry it); interval is shaped
     (2, len(tasks) + 2)."""
-    rng = np.random.default_rng(seed)
-
     def shares(means):
         per_task = [(x - ppo_k) / (ppo_1 - ppo_k) for x, ppo_k, ppo_1 in means]
         return np.array(per_task + [np.mean(per_task), np.median(per_task)])
 
     estimates = {}
     for algorithm in algorithms:
+        rng = np.random.default_rng(seed)  # the same resamples of PPO's seeds for every algorithm, whichever ran
         groups = [[np.array(finals(raw, key, t)) for key in ((algorithm, k), ("ppo", k), ("ppo", 1))] for t in tasks]
         point = shares([[g.mean() for g in group] for group in groups])
         with np.errstate(divide="ignore", invalid="ignore"):  # a resample where PPO lost nothing to lag
@@ -458,17 +470,33 @@ def expected_seeds(raw):
     return max((len(seeds) for seeds in raw.get(("ppo", 1), {}).values()), default=0)
 
 
-def completeness(raw, algorithms, k, tasks):
-    """([the algorithms with every seed on every task at K = k], {algorithm: (runs, runs expected)} of those
-    with some runs but not all: a block still running, which no table averages)."""
-    n = expected_seeds(raw)
+def planned_runs(results_dir):
+    """{(task, algorithm, k, seed)} that the study's presets writing into this folder plan (empty for a folder
+    no preset writes: then a block counts as finished with synchronous PPO's number of seeds on every task)."""
+    name = os.path.basename(os.path.abspath(results_dir))
+    return {(r.task, r.algorithm, r.k, r.seed) for preset in PRESETS if FOLDERS.get(preset, preset) == name
+            for r in grid(preset)}
+
+
+def completeness(raw, algorithms, k, tasks, planned=frozenset()):
+    """([the algorithms whose runs at K = k are all in, on every one of `tasks`], {algorithm: (runs, runs planned)}
+    of those with some of their planned runs in but not all: a block still running, which no table averages).
+    Without a plan for it, a block is finished with synchronous PPO's number of seeds on every task; an
+    algorithm the presets run on other tasks only (a sweep's variant) is neither."""
     complete, partial = [], {}
     for a in algorithms:
-        counts = [len(raw.get((a, k), {}).get(t, {})) for t in tasks]
-        if n and min(counts) >= n:
+        done = {(t, seed) for t, seeds in raw.get((a, k), {}).items() for seed in seeds}
+        plan = {(t, seed) for t, alg, kk, seed in planned if (alg, kk) == (a, k)}
+        if not plan:
+            n = expected_seeds(raw)
+            counts = [len(raw.get((a, k), {}).get(t, {})) for t in tasks]
+            finished, planned_count = n > 0 and min(counts) >= n, n * len(tasks)
+        else:
+            finished, planned_count = plan <= done, len(plan)
+        if finished and all(raw.get((a, k), {}).get(t) for t in tasks):
             complete.append(a)
-        elif sum(counts):
-            partial[a] = (sum(counts), n * len(tasks))
+        elif done and not finished:
+            partial[a] = (len(done & plan) if plan else len(done), planned_count)
     return complete, partial
 
 
@@ -478,11 +506,11 @@ def incomplete_line(partial, k):
         if partial else []
 
 
-def lag_recovered_section(raw, normalised, randoms, tasks, k, reps, seed, out):
+def lag_recovered_section(raw, normalised, randoms, tasks, k, reps, seed, out, planned=frozenset()):
     """The tasks where lag hurts PPO, and on each the share of PPO's loss that each method under lag (RECOVERERS)
     wins back at K = k; their mean over these tasks and P(X > PPO) at K = k, then a figure of it."""
     hurt = lag_hurt_tasks(raw, randoms, tasks, k)
-    algorithms, partial = completeness(raw, RECOVERERS, k, tasks)
+    algorithms, partial = completeness(raw, RECOVERERS, k, tasks, planned)
     if not hurt or not algorithms:
         return []
     estimates = lag_recovered(raw, hurt, k, algorithms, reps, seed)
@@ -528,14 +556,14 @@ def final_rate_factor(runs, key, task):
     return float(np.mean(factors)) if factors else None
 
 
-def trust_region_section(runs, raw, normalised, randoms, tasks, k, reps, seed, out):
+def trust_region_section(runs, raw, normalised, randoms, tasks, k, reps, seed, out, planned=frozenset()):
     """Which part of a method wins lag back, at K = k on `tasks`: every method under lag (RECOVERERS) beside PPO,
     made of which advantages and which trust region; their IQM, P(X > PPO), P(X > decoupled PPO), the share of
     PPO's lag loss won back and the seed pairs won, per method and per task; then one variable at a time (the
     advantages under one trust region, the trust region under V-trace), and the diagnostics where they disagree."""
-    methods, partial = completeness(raw, RECOVERERS, k, tasks)
-    if not methods or not all(finals(raw, ("ppo", kk), t) for kk in (1, k) for t in tasks):
-        return []
+    methods, partial = completeness(raw, RECOVERERS, k, tasks, planned)
+    if len(methods) < 2 or not all(finals(raw, ("ppo", kk), t) for kk in (1, k) for t in tasks):
+        return []  # nothing to set side by side
     names = {"ppo": "PPO", **RECOVERERS}
     matrices = {a: score_matrix(normalised, (a, k), tasks, "final") for a in ["ppo", *methods]}
     points, intervals = aggregates(matrices, reps, seed)
@@ -755,12 +783,14 @@ def main(args: Args):
     if any(a == "vaco" for a, _ in raw):
         head_ks = sorted({min(ks), max(ks)})
         report += titled("VACO against PPO per task", "vaco_vs_ppo", comparison_section(raw, randoms, compared, head_ks))
-        recovered = lag_recovered_section(raw, normalised, randoms, compared, max(ks), args.reps, args.seed, out)
+        planned = planned_runs(args.results_dir)
+        recovered = lag_recovered_section(raw, normalised, randoms, compared, max(ks), args.reps, args.seed, out, planned)
         report += titled("Lag recovered", "lag_recovered", recovered)
         report += [f"![lag recovered]({out.link('lag_recovered.png')})", ""] if recovered else []
         report += titled("Decoupled PPO and VACO under lag", "decoupled_diagnostics",
                          disagreement_section(runs, raw, randoms, compared, max(ks)))
-        trust_region = trust_region_section(runs, raw, normalised, randoms, compared, max(ks), args.reps, args.seed, out)
+        trust_region = trust_region_section(runs, raw, normalised, randoms, compared, max(ks), args.reps, args.seed, out,
+                                            planned)
         report += titled("Which part wins lag back: the advantages and the trust region", "trust_region", trust_region)
         report += [f"![trust region]({out.link('trust_region.png')})", ""] if trust_region else []
         report += titled("Relative improvement of VACO over PPO", "summary_number",
@@ -896,9 +926,10 @@ SWEEP_COLOURS = ["C8", "C9", "black", "C7", "gold", "navy"]
 
 
 def colour(algorithm, sweep=()):
-    if algorithm in COLOURS:
-        return COLOURS[algorithm]
-    return SWEEP_COLOURS[sorted(sweep).index(algorithm) % len(SWEEP_COLOURS)] if algorithm in sweep else "black"
+    """An algorithm's colour; a sweep's variants take the sweep's palette, in their order."""
+    if algorithm in sweep:
+        return SWEEP_COLOURS[sorted(sweep).index(algorithm) % len(SWEEP_COLOURS)]
+    return COLOURS.get(algorithm, "black")
 
 
 def pyplot():

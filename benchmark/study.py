@@ -122,6 +122,9 @@ PRESETS = {
     ]),
 }
 
+# Presets that add runs to another preset's folder, whose report reads them together
+FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tasks"}
+
 # Per-update columns of the CSV: TensorBoard tag -> column. Missing tags are left empty.
 DIAGNOSTICS = {
     "charts/policy_lag_mean": "policy_lag_mean",
@@ -405,7 +408,7 @@ class Args:
     seeds: Optional[list[int]] = None
     """run only these seeds of the preset (e.g. two seeds of every run first, the third later)"""
     out_dir: Optional[str] = None
-    """where results go (default benchmark/results/<preset>)"""
+    """where results go (default benchmark/results/<the preset's folder>: its name, or FOLDERS')"""
     total_timesteps: Optional[int] = None
     """override the preset's env steps per run (a dry run: use it with a separate --out-dir)"""
     time_limit: Optional[str] = None
@@ -445,7 +448,7 @@ def main(args: Args):
     if args.list:
         print("\n".join(run.portable_command() for run in runs))
         return
-    out_dir = args.out_dir or os.path.join(RESULTS, args.preset)
+    out_dir = args.out_dir or os.path.join(RESULTS, FOLDERS.get(args.preset, args.preset))
     os.makedirs(out_dir, exist_ok=True)
     os.makedirs(os.path.join(RESULTS, "tmp"), exist_ok=True)
     todo = [run for run in runs if not is_finished(run, out_dir)]

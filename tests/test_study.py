@@ -287,6 +287,22 @@ def test_which_part_wins_lag_back_one_variable_at_a_time(tmp_path, saved):
     assert [t.get_text() for t in figure.axes[0].get_yticklabels()][:2] == ["PPO", "VACO"]
 
 
+def test_a_block_counts_when_every_planned_run_is_in():
+    raw = {("geppo", 8): {"TaskA-v4": {1: {}, 2: {}}, "TaskB-v4": {1: {}}},  # 3 of the 4 runs planned
+           ("vaco-proximal-0.1", 8): {"TaskA-v4": {1: {}, 2: {}}},  # all its runs, planned on TaskA only
+           ("vaco", 8): {"TaskA-v4": {1: {}, 2: {}}, "TaskB-v4": {1: {}, 2: {}}}}
+    planned = {(t, a, 8, s) for t in ("TaskA-v4", "TaskB-v4") for a in ("geppo", "vaco") for s in (1, 2)}
+    planned |= {("TaskA-v4", "vaco-proximal-0.1", 8, s) for s in (1, 2)}
+    complete, partial = analyze.completeness(raw, ["vaco", "geppo", "vaco-proximal-0.1"], 8, ["TaskA-v4", "TaskB-v4"],
+                                             planned)
+    assert complete == ["vaco"] and partial == {"geppo": (3, 4)}  # a sweep's variant is neither
+    assert analyze.incomplete_line(partial, 8)[0] == "Incomplete at K = 8, in no table here: GePPO (3 of 4 runs)."
+    # the presets say which runs a folder holds: the ten tasks' folder takes three presets' runs
+    planned = analyze.planned_runs(os.path.join("benchmark", "results", "ten-tasks"))
+    assert ("Ant-v4", "geppo", 8, 3) in planned and ("Ant-v4", "vaco-proximal-0.1", 8, 1) in planned
+    assert ("Ant-v4", "ppo", 1, 2) in planned and not analyze.planned_runs("somewhere/else")
+
+
 def test_without_lag_loss_there_is_no_lag_recovered_section(tmp_path):
     folder, randoms = study_folder(tmp_path)
     for seed in (1, 2):
