@@ -5,10 +5,13 @@ import os
 import sys
 
 import numpy as np
+import pytest
 from test_study import write_run
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark"))
 import compare_studies  # noqa: E402
+
+pytestmark = pytest.mark.floatfree  # the comparison, in numpy, of results it is given
 
 
 def test_a_cell_inside_and_a_cell_outside_the_reference_interval(tmp_path):

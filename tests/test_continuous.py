@@ -114,6 +114,19 @@ def test_policy_buffer_ages_and_frozen_snapshots(module):
     assert all(not torch.equal(a, b) for a, b in zip(first, buffer[3].parameters()))
 
 
+def test_policy_buffer_at_k32_fills_in_31_updates_then_averages_age_15_5():
+    # the largest lag the study runs: snapshots 0-31 updates old once the buffer is full, 15.5 on average
+    actor, rng = ppo_continuous.Actor(5, 2), np.random.default_rng(0)
+    buffer = ppo_continuous.PolicyBuffer(actor, size=32)
+    for update in range(1, 41):
+        buffer.push(actor)  # after update u the buffer holds min(u + 1, 32) snapshots: full after 31
+        assert len(buffer.snapshots) == min(update + 1, 32)
+        ages, _ = buffer.sample_ages(20_000, rng)
+        assert ages.max() == min(update, 31) and abs(ages.mean() - min(update, 31) / 2) < 0.35  # 5 std errors
+    counts = np.bincount(buffer.sample_ages(320_000, rng)[0], minlength=32)
+    assert len(counts) == 32 and counts.min() > 0.9 * 10_000 and counts.max() < 1.1 * 10_000  # uniform over 0-31
+
+
 # --- env pipeline: SAME_STEP autoreset, final observations --------------------------------------
 
 @script
@@ -303,6 +316,7 @@ def test_same_seed_same_returns(module, train):
     assert first["charts/episodic_return"] != other["charts/episodic_return"]
 
 
+@pytest.mark.floatfree
 def test_track_writes_an_offline_wandb_run(tmp_path):
     # one script suffices: the others' logging is ppo_continuous.py's own code (test_equivalence.py).
     # A subprocess, as users run it: wandb's TensorBoard patch outlives a run within one process
@@ -346,6 +360,7 @@ def test_bad_input_is_one_clear_error(module, overrides, message, train):
     assert not os.path.exists("runs")  # nothing written
 
 
+@pytest.mark.floatfree
 @script
 def test_bad_input_from_the_command_line(module, tmp_path):
     result = run_script(f"{module.__name__}.py", "--env-id", "CartPole-v1", cwd=tmp_path)
@@ -354,6 +369,7 @@ def test_bad_input_from_the_command_line(module, tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("error: CartPole-v1 has a Discrete action space")
 
 
+@pytest.mark.floatfree
 def test_capture_video_records_env_0(train):
     # one script suffices: the others' env pipeline is ppo_continuous.py's own code (test_equivalence.py)
     run_dir, _ = train(ppo_continuous, capture_video=True)

@@ -1034,6 +1034,7 @@ def test_gpu_smoke_checks_report_rounding_at_zero_lag_and_the_delta_rule():
     assert smoke.round_to_one_figure(0.0049) == 0.005 and smoke.round_to_one_figure(0.041) == 0.04
 
 
+@pytest.mark.floatfree
 def test_gpu_smoke_command_on_the_cpu(tmp_path):
     """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8 and
     of vaco at S = 4, its table and JSON in --out-dir, and the time budget that stops it starting another run;

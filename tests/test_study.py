@@ -19,6 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import analyze  # noqa: E402
 import study  # noqa: E402
 
+pytestmark = pytest.mark.floatfree  # the runner, and the analysis in numpy of results it is given
+
 
 def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000, episodes=None, **meta):
     """A finished run in the study's format: one update per entry of `returns` (one episode each,
@@ -301,6 +303,36 @@ def test_a_block_counts_when_every_planned_run_is_in():
     planned = analyze.planned_runs(os.path.join("benchmark", "results", "ten-tasks"))
     assert ("Ant-v4", "geppo", 8, 3) in planned and ("Ant-v4", "vaco-proximal-0.1", 8, 1) in planned
     assert ("Ant-v4", "ppo", 1, 2) in planned and not analyze.planned_runs("somewhere/else")
+
+
+def test_a_larger_lag_on_fewer_tasks_has_its_own_section(tmp_path, saved):
+    # PPO and VACO at K 1 and 8 on three tasks, decoupled PPO at K 8; then K = 32 on two of them: the main sections
+    # stay at K = 8 on the three tasks, and K = 32 gets its own, with PPO losing 80 of 100 above random there
+    folder, _ = study_folder(tmp_path, {"TaskA-v4": 0.0, "TaskB-v4": 0.0, "TaskC-v4": 0.0})
+    finals = {("ppo", 1): 100, ("vaco", 1): 100, ("ppo", 8): 60, ("vaco", 8): 70, ("ppo-decoupled", 8): 100,
+              ("ppo", 32): 20, ("vaco", 32): 30, ("ppo-decoupled", 32): 80}
+    for (algorithm, k), final in finals.items():
+        for task in ("TaskA-v4", "TaskB-v4", "TaskC-v4") if k < 32 else ("TaskA-v4", "TaskB-v4"):
+            for seed in (1, 2, 3):
+                write_run(folder, task, algorithm, k, seed, [final - 2 + seed] * 10)
+                if algorithm == "ppo-decoupled":
+                    write_csv_columns(folder, task, algorithm, seed, k=k, backward_ratio_max=[150.0] * 5 + [50.0] * 5,
+                                      backward_tv=[0.1 * k / 8] * 10)
+    analyze.main(analyze.Args(results_dir=folder, reps=200))
+    report = open(os.path.join(folder, "report.md")).read()
+    recovered = report[report.index("[start:lag_recovered]"):report.index("[end:lag_recovered]")]
+    assert "at K = 8 is below 0.9 of its mean at K = 1" in recovered and "TaskC-v4" in recovered
+    scan = report[report.index("[start:lag_scan_K32]"):report.index("[end:lag_scan_K32]")]
+    assert "on TaskA-v4, TaskB-v4, beside K = 1 and 8" in scan and "15.5 on average" in scan
+    assert "| TaskA-v4 | decoupled PPO | | 1.00 | 0.80 |" in scan.replace("|  |", "| |")
+    assert "| TaskA-v4 | PPO | 1.00 | 0.60 | 0.20 |" in scan
+    rows = {line.split("|")[1].strip(" *"): line for line in scan.splitlines() if line.startswith("| ")}
+    assert "0.75 [" in rows["median"].split("|")[3]  # decoupled PPO: (80 - 20) / (100 - 20)
+    assert "| decoupled PPO | 32 | 0.4 | | 100 | 0.50 |" in scan.replace("|  |", "| |")  # its cap bound in half the updates
+    assert "| VACO | 32 |" in scan and "| PPO | 8 |" in scan
+    figure = saved[os.path.join(folder, "lag_scan_K32.png")]
+    readable(figure)
+    assert [ax.get_title() for ax in figure.axes if ax.get_visible()] == ["IQM over 2 tasks", "TaskA-v4", "TaskB-v4"]
 
 
 def test_without_lag_loss_there_is_no_lag_recovered_section(tmp_path):

@@ -173,6 +173,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.floatfree
 @pytest.mark.parametrize("overrides, message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
 def test_bad_input_is_one_clear_error(overrides, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -182,6 +183,7 @@ def test_bad_input_is_one_clear_error(overrides, message, tmp_path, monkeypatch)
     assert not os.path.exists("runs")
 
 
+@pytest.mark.floatfree
 def test_port_in_use_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     busy = torch.distributed.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
@@ -294,6 +296,7 @@ def run_scalars(tmp_path, exp_name="vaco_async"):
     return run_dir, read_scalars(run_dir)
 
 
+@pytest.mark.floatfree
 def test_two_actors_finish_with_lag_and_a_checkpoint(launch, tmp_path):
     code, out, err = script(launch, *flags(num_actors=2, actor_delay_ms=50, save_model=True,
                                            eval_episodes=1)).finish(timeout=90)
@@ -343,6 +346,7 @@ def test_sync_with_one_actor_is_vaco_continuous(launch, tmp_path, monkeypatch):
         assert asynchronous[tag] == synchronous[tag], tag  # bit for bit
 
 
+@pytest.mark.floatfree
 def test_sync_uses_only_the_current_version_and_repeats_exactly(launch, tmp_path):
     # two runs with the same seed, side by side: --sync is the deterministic baseline
     runs = [script(launch, *flags(num_actors=2, sync=True, exp_name=name), name=name) for name in ("a", "b")]
@@ -357,6 +361,7 @@ def test_sync_uses_only_the_current_version_and_repeats_exactly(launch, tmp_path
         assert a[tag] == b[tag], tag
 
 
+@pytest.mark.floatfree
 def test_max_policy_lag_0_drops_old_segments(launch, tmp_path):
     # one actor: while the learner trains on its segment, it acts on with the same version
     code, out, err = script(launch, *flags(num_actors=1, max_policy_lag=0)).finish(timeout=90)
@@ -369,6 +374,7 @@ def test_max_policy_lag_0_drops_old_segments(launch, tmp_path):
     assert "step 512/512 (100%)" in out
 
 
+@pytest.mark.floatfree
 def test_torchrun_standalone(launch, tmp_path):
     code, out, err = launch(*TORCHRUN, "--standalone", "--nproc-per-node", "3", SCRIPT, *flags()).finish(timeout=90)
     assert code == 0, out + err
@@ -377,6 +383,7 @@ def test_torchrun_standalone(launch, tmp_path):
     assert scalars["charts/actors_alive"][-1] == 2
 
 
+@pytest.mark.floatfree
 def test_torchrun_two_nodes_on_loopback(launch, tmp_path):
     with socket.socket() as probe:  # a free port for the rendezvous
         probe.bind(("127.0.0.1", 0))
@@ -396,6 +403,7 @@ def kill_one_of_two_actors(run, attempt):
     os.kill(children(run.proc.pid, "spawn_main")[attempt % 2], signal.SIGKILL)
 
 
+@pytest.mark.floatfree
 @pytest.mark.parametrize("attempt", range(4))
 def test_a_killed_actor_is_lost_and_the_run_goes_on_every_time(launch, tmp_path, attempt):
     # the documented outcome, every time: the killed actor's closed connection, whenever it
@@ -409,6 +417,7 @@ def test_a_killed_actor_is_lost_and_the_run_goes_on_every_time(launch, tmp_path,
     assert scalars["charts/actors_alive"][-1] == 1
 
 
+@pytest.mark.floatfree
 @pytest.mark.parametrize("attempt", range(4))
 def test_an_actor_lost_under_sync_stops_the_run_at_once_every_time(launch, tmp_path, attempt):
     # --sync needs every actor: the learner checkpoints and exits 1, and tells the other actor, which
@@ -424,6 +433,7 @@ def test_an_actor_lost_under_sync_stops_the_run_at_once_every_time(launch, tmp_p
     assert "killed" not in err and glob.glob(f"{tmp_path}/runs/*/vaco_async.cleanrl_model")
 
 
+@pytest.mark.floatfree
 def test_a_healthy_actor_takes_its_start_up_message_though_another_is_killed_every_time():
     # actor 1 is killed as soon as the learner's hand-out returns, while actor 3 is slow to take its
     # message: with the point-to-point hand-out actor 3 never needs actor 1. (gloo's broadcast, used
@@ -472,6 +482,7 @@ def test_a_send_is_waited_on_once_when_both_threads_answer(monkeypatch):
     assert len(works) == 2 and max(waits.values()) == 1 and comm.told == {1} and comm.stopped == {1}
 
 
+@pytest.mark.floatfree
 def test_a_silent_actor_is_dismissed_and_the_run_goes_on(launch, tmp_path):
     # the delay (actor r: 20 r ms per segment) makes the run outlast the timeout
     run = script(launch, *flags(num_actors=3, num_envs=3, num_minibatches=3, total_timesteps=96 * 20,
@@ -492,6 +503,7 @@ def test_a_silent_actor_is_dismissed_and_the_run_goes_on(launch, tmp_path):
     assert alive[-1] == 1 and alive.count(1) > 1  # it carried on with the last actor
 
 
+@pytest.mark.floatfree
 def test_long_updates_do_not_make_healthy_actors_silent(launch, tmp_path):
     # every update (16 minibatches x 30 epochs, eager) outlasts --actor-timeout, while the actors'
     # next segments wait for the full queue: that wait is the learner's, not the actors' silence
@@ -505,6 +517,7 @@ def test_long_updates_do_not_make_healthy_actors_silent(launch, tmp_path):
     assert min(np.diff([0] + event_wall_times(tmp_path, "charts/SPS"))[1:]) > 1.0  # updates did take > 1 s
 
 
+@pytest.mark.floatfree
 def test_no_data_at_all_checkpoints_and_exits_non_zero(launch, tmp_path):
     run = script(launch, *flags(num_actors=1, total_timesteps=100_000, actor_timeout=3))
     run.wait_for("actor\\(s\\) joined", timeout=60)
@@ -518,6 +531,7 @@ def test_no_data_at_all_checkpoints_and_exits_non_zero(launch, tmp_path):
     assert torch.load(path, weights_only=True)["global_step"] < 100_000
 
 
+@pytest.mark.floatfree
 def test_sigint_checkpoints_and_resume_continues(launch, tmp_path):
     run = script(launch, *flags(num_actors=1, total_timesteps=1_000_000, exp_name="first"), name="first")
     run.wait_for(r"step \d+/", timeout=60)  # a few updates
@@ -559,6 +573,7 @@ def first_checkpoint(tmp_path_factory):
     return path
 
 
+@pytest.mark.floatfree
 @pytest.mark.parametrize("changed", [dict(num_envs=6, num_actors=2), dict(num_envs=3, num_actors=3),
                                      dict(num_steps=48)], ids=["num-envs", "num-actors", "num-steps"])
 def test_resume_with_another_segment_size_ends_at_its_budget(launch, tmp_path, first_checkpoint, changed):
@@ -573,6 +588,7 @@ def test_resume_with_another_segment_size_ends_at_its_budget(launch, tmp_path, f
                       weights_only=True)["global_step"] == end
 
 
+@pytest.mark.floatfree
 def test_a_dismissed_actor_under_torchrun_exits_0_and_the_run_goes_on(launch, tmp_path):
     # torchrun stops every worker when one exits non-zero: a dismissed actor must not
     run = launch(*TORCHRUN, "--standalone", "--nproc-per-node", "3", SCRIPT,
@@ -610,6 +626,7 @@ def event_steps(run_dir, tag):
     return [event.step for event in acc.Scalars(tag)]
 
 
+@pytest.mark.floatfree
 def test_bad_input_from_the_command_line(launch, tmp_path):
     path = tmp_path / "tampered.cleanrl_model"
     torch.save({"agent": Payload()}, path)  # unpickling it would print
