@@ -658,6 +658,79 @@ def disputed_diagnostics(runs, raw, randoms, tasks, k, methods):
     return lines
 
 
+def cap_share(runs, key, tasks, cap=100.0):
+    """The share of updates, over the runs of `key` on `tasks`, whose largest pi_T/beta passed `cap`: where decoupled
+    PPO's weight was capped (its cap is 100)."""
+    maxima = [float(r["backward_ratio_max"]) for meta, rows in runs if (meta["algorithm"], meta["k"]) == key
+              and meta["task"] in tasks for r in rows if r.get("backward_ratio_max", "") != ""]
+    return float(np.mean(np.array(maxima) > cap)) if maxima else None
+
+
+def lag_scan_section(runs, raw, normalised, randoms, k_main, k, reps, seed, out, planned=frozenset()):
+    """A larger lag K = k on the tasks PPO ran at it, beside K = 1 and k_main: per task and method the normalised
+    final score at each K; the IQM over those tasks at each K; the share of PPO's lag loss won back at K = k; and
+    what each method logs at k_main and at k (backward TV, the weight pi_T/beta and how often decoupled PPO's cap
+    binds, clip or filter fraction, entropy). Then a figure of the score against K."""
+    tasks = sorted(raw.get(("ppo", k), {}))
+    methods, partial = completeness(raw, RECOVERERS, k, tasks, planned)
+    if not tasks or not all(finals(raw, ("ppo", kk), t) for kk in (1, k_main) for t in tasks):
+        return incomplete_line(partial, k)
+    names = {"ppo": "PPO", **RECOVERERS}
+    scan_ks = [1, k_main, k]
+    keys = [(a, kk) for a in ["ppo", *methods] for kk in scan_ks if all(finals(raw, (a, kk), t) for t in tasks)]
+    lines = [f"Lag K = {k} (snapshots 0 to {k - 1} updates old, {(k - 1) / 2:g} on average once the buffer is full, after "
+             f"{k - 1} updates) on {', '.join(tasks)}, beside K = 1 and {k_main}, every method at its K = {k_main} settings. "
+             "Normalised final score, mean over seeds (1 = PPO at K = 1, 0 = random).", "",
+             "| task | method | " + " | ".join(f"K = {kk}" for kk in scan_ks) + " |", "|-|-|" + "-|" * len(scan_ks)]
+    for task in tasks:
+        for a in ["ppo", *methods]:
+            cells = [f"{np.mean([s['final'] for s in normalised[(a, kk)][task].values()]):.2f}"
+                     if (a, kk) in keys else "" for kk in scan_ks]
+            lines.append(f"| {task} | {names[a]} | " + " | ".join(cells) + " |")
+    matrices = {f"{a} K={kk}": score_matrix(normalised, (a, kk), tasks, "final") for a, kk in keys}
+    points, intervals = aggregates(matrices, reps, seed)
+    lines += ["", f"IQM over these {len(tasks)} tasks × seeds, with 95% stratified-bootstrap intervals ({reps} "
+              "resamples).", "", "| method | " + " | ".join(f"K = {kk}" for kk in scan_ks) + " |",
+              "|-|" + "-|" * len(scan_ks)]
+    for a in ["ppo", *methods]:
+        cells = [fmt_interval(points[f"{a} K={kk}"][1], intervals[f"{a} K={kk}"][:, 1]) if (a, kk) in keys else ""
+                 for kk in scan_ks]
+        lines.append(f"| {names[a]} | " + " | ".join(cells) + " |")
+    hurt = lag_hurt_tasks(raw, randoms, tasks, k)
+    if hurt and methods:
+        shares = lag_recovered(raw, hurt, k, methods, reps, seed)
+        lines += ["", f"The share of PPO's loss from K = 1 to K = {k} that X wins back, (X − PPO) / (PPO at K = 1 − PPO) "
+                  f"at K = {k} of the mean final returns, on the tasks where lag hurts PPO at K = {k} "
+                  f"({', '.join(hurt)}), with 95% stratified-bootstrap intervals.", "",
+                  "| task | " + " | ".join(names[a] for a in methods) + " |", "|-|" + "-|" * len(methods)]
+        for i, task in enumerate(hurt):
+            lines.append(f"| {task} | " + " | ".join(fmt_interval(shares[a][0][i], shares[a][1][:, i]) for a in methods)
+                         + " |")
+        for j, name in ((-2, "mean"), (-1, "median")):
+            lines.append(f"| **{name}** | " + " | ".join(f"**{fmt_interval(shares[a][0][j], shares[a][1][:, j])}**"
+                                                          for a in methods) + " |")
+    lines += ["", f"What each method logs at K = {k_main} and K = {k}, means over runs and updates on these tasks. *w*: "
+              "π_T/β at the update's start (V-trace's ρ, decoupled PPO's weight, the centre of GePPO's band): its "
+              "mean, and the mean over updates of its largest value; *w > 100*: the share of updates whose largest w "
+              "passed 100, where decoupled PPO's weight is capped. *Clip or filter*: the share of samples outside "
+              "the clip range or band, or detached by the filter.", "",
+              "| method | K | backward TV | w mean | w max | w > 100 | clip or filter | entropy |", "|-|-|-|-|-|-|-|-|"]
+    for a in ["ppo", *methods]:
+        for kk in (k_main, k):
+            if (a, kk) not in keys:
+                continue
+            d = diagnostics(runs, (a, kk), tasks)
+            fraction = d.get("filtered_fraction", d.get("clipfrac"))
+            get = lambda c: f"{d[c]:.3g}" if c in d else ""  # noqa: E731
+            capped = cap_share(runs, (a, kk), tasks)
+            lines.append(f"| {names[a]} | {kk} | {get('backward_tv')} | {get('backward_ratio_mean')} | "
+                         f"{get('backward_ratio_max')} | {'' if capped is None else f'{capped:.2f}'} | "
+                         f"{'' if fraction is None else f'{fraction:.3g}'} | {get('entropy')} |")
+    lag_scan_figure(normalised, points, intervals, ["ppo", *methods], names, keys, scan_ks, tasks,
+                    out.path(f"lag_scan_K{k}.png"))
+    return lines + [""] + incomplete_line(partial, k)
+
+
 def disagreement_section(runs, raw, randoms, tasks, k):
     """Decoupled PPO and VACO at K = k beside PPO: how each does and what each logs. Bold: the tasks where
     they disagree, one ahead of PPO and the other behind it (mean final returns)."""
@@ -764,8 +837,13 @@ def main(args: Args):
     os.makedirs(figures_dir, exist_ok=True)
     out = FigureFolder(figures_dir, args.results_dir)
 
-    keys = sorted(raw, key=lambda key: (key[0] not in MAIN_ALGORITHMS, key[0], key[1]))
-    ks = sorted({k for _, k in keys})
+    every_key = sorted(raw, key=lambda key: (key[0] not in MAIN_ALGORITHMS, key[0], key[1]))
+    # the main grid: the Ks at which PPO ran on every task; a larger K run on fewer tasks (the lag scan) has a
+    # section of its own
+    all_ks = sorted({k for _, k in every_key})
+    ks = [k for k in all_ks if all(t in raw.get(("ppo", k), {}) for t in tasks_all)] or all_ks
+    keys = [key for key in every_key if key[1] in ks]
+    scan_ks = [k for k in all_ks if k > max(ks) and ("ppo", k) in raw]
     # the main comparison: tasks on which both PPO and VACO ran at every K, in normalised scores, which
     # need synchronous PPO (K = 1) on the task; without it the report gives returns only
     main_tasks = [t for t in tasks_all if all(t in raw.get((a, k), {}) for a in ("ppo", "vaco") for k in {1, *ks})]
@@ -778,7 +856,7 @@ def main(args: Args):
               + ", ".join(f"{t} {randoms[t]:.1f}" for t in tasks_all) + "."
               + ("" if ("ppo", 1) in raw else " No run of PPO at K = 1, so no normalised scores: returns only."), "",
               "## Final returns per task (mean ± sample std over seeds, number of seeds)", ""]
-    report += marked("per_task", raw_section(raw, keys, tasks_all))
+    report += marked("per_task", raw_section(raw, every_key, tasks_all))
     compared = [t for t in tasks_all if any(finals(raw, (a, k), t) for a in ("ppo", "vaco") for k in ks)]
     if any(a == "vaco" for a, _ in raw):
         head_ks = sorted({min(ks), max(ks)})
@@ -793,6 +871,10 @@ def main(args: Args):
                                             planned)
         report += titled("Which part wins lag back: the advantages and the trust region", "trust_region", trust_region)
         report += [f"![trust region]({out.link('trust_region.png')})", ""] if trust_region else []
+        for k in scan_ks:
+            scan = lag_scan_section(runs, raw, normalised, randoms, max(ks), k, args.reps, args.seed, out, planned)
+            report += titled(f"How much lag: K = 1, {max(ks)} and {k}", f"lag_scan_K{k}", scan)
+            report += [f"![how much lag]({out.link(f'lag_scan_K{k}.png')})", ""] if scan else []
         report += titled("Relative improvement of VACO over PPO", "summary_number",
                          summary_number_section(raw, randoms, compared, head_ks, args.reps, args.seed))
         report += titled("Lag and filter diagnostics per task", "diagnostics",
@@ -1046,6 +1128,41 @@ def trust_region_figure(points, intervals, methods, names, k, n_tasks, path):
         ax.set_xlabel(f"IQM of the normalised final score at K = {k}\n({n_tasks} tasks; 1 = PPO at K = 1, dashed)")
         ax.set_title("IQM with its 95 % interval")
         ax.grid(True, axis="x", alpha=0.25)
+    save(fig, path)
+
+
+def lag_scan_figure(normalised, points, intervals, methods, names, keys, ks, tasks, path):
+    """The normalised final score against K: the IQM over the tasks with its interval, then each task's mean over
+    seeds (two panels a row), every method a colour."""
+    plt = pyplot()
+    rows = (len(tasks) + 2) // 2
+    with plt.rc_context(FONT):
+        fig, axes = plt.subplots(rows, 2, figsize=(FIGURE_WIDTH, 1.6 + 2.6 * rows), layout="constrained",
+                                 squeeze=False)
+        for panel, ax in enumerate(axes.flat):
+            if panel > len(tasks):
+                ax.set_visible(False)
+                continue
+            for a in methods:
+                run_ks = [kk for kk in ks if (a, kk) in keys]
+                if panel == 0:
+                    y = np.array([points[f"{a} K={kk}"][1] for kk in run_ks])
+                    lo, hi = (np.array([intervals[f"{a} K={kk}"][i, 1] for kk in run_ks]) for i in (0, 1))
+                    ax.errorbar(run_ks, y, yerr=[y - lo, hi - y], marker="o", capsize=3, color=colour(a),
+                                label=names[a], lw=1.6)
+                else:
+                    y = [np.mean([s["final"] for s in normalised[(a, kk)][tasks[panel - 1]].values()]) for kk in run_ks]
+                    ax.plot(run_ks, y, marker="o", color=colour(a), lw=1.6)
+            ax.axhline(1, color="grey", lw=0.8, ls="--")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ks, [str(kk) for kk in ks])
+            ax.minorticks_off()
+            ax.set_xlabel("policy lag K")
+            ax.set_ylabel("normalised final score")
+            ax.set_title(f"IQM over {len(tasks)} tasks" if panel == 0 else tasks[panel - 1])
+            ax.grid(True, alpha=0.25)
+        fig.legend(loc="outside upper center", ncol=min(3, len(methods)),
+                   title="IQM with 95 % interval (first panel), mean over seeds (task panels)")
     save(fig, path)
 
 

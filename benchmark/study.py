@@ -84,6 +84,7 @@ HELD_OUT_TASKS = ["Walker2d-v4", "Ant-v4"]  # ... and reported on these
 PAPER_TASKS = ["Ant-v4", "HalfCheetah-v4", "Hopper-v4", "Humanoid-v4", "HumanoidStandup-v4",
                "InvertedDoublePendulum-v4", "Pusher-v5", "Reacher-v4", "Swimmer-v4", "Walker2d-v4"]
 BASELINES = ["ppo-kl", "spo", "vaco-noalign", "vaco-nofilter", "vaco-none"]
+LAG_TASKS = ["Ant-v4", "HalfCheetah-v4", "Hopper-v4", "Walker2d-v4"]  # where lag hurts PPO at K = 8, run at K = 32
 
 # preset -> (env steps per run, seeds, [(algorithms, policy lags K, tasks), ...]); runs are taken
 # in this order, so the first block's results arrive first.
@@ -115,6 +116,9 @@ PRESETS = {
     # around pi_T), at K = 8 on the same grid and folder; then GePPO with GAE, the advantages under a second trust region.
     "ten-tasks-trust-region": (1_000_000, [1, 2, 3], [(["vtrace-decoupled", "geppo"], [8], PAPER_TASKS),
                                                       (["geppo-gae"], [8], PAPER_TASKS)]),
+    # How much lag is too much: K = 32 (snapshots 0-31 updates old, 15.5 on average) on four of the tasks where lag
+    # hurts PPO at K = 8, every method at its K = 8 settings (nothing tuned for K = 32).
+    "ten-tasks-k32": (1_000_000, [1, 2, 3], [(["ppo", "vaco", "ppo-decoupled"], [32], LAG_TASKS)]),
     # The README's main job at length: Ant-v4 at K = 8 for 3M steps.
     "ant-3m": (3_000_000, [1, 2, 3], [(["ppo", "vaco"], [8], ["Ant-v4"])]),
     "paper": (1_000_000, list(range(1, 11)), [
@@ -123,7 +127,7 @@ PRESETS = {
 }
 
 # Presets that add runs to another preset's folder, whose report reads them together
-FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tasks"}
+FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tasks", "ten-tasks-k32": "ten-tasks"}
 
 # Per-update columns of the CSV: TensorBoard tag -> column. Missing tags are left empty.
 DIAGNOSTICS = {
