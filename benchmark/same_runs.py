@@ -41,8 +41,8 @@ class Args:
     """the runs' seed"""
     algorithms: list[str] = field(default_factory=lambda: ["ppo", "ppo-kl", "ppo-decoupled", "spo", "vaco",
                                                            "vaco-noalign", "vaco-nofilter", "vaco-none",
-                                                           "vaco-proximal-0.1"])
-    """the study's algorithms to compare"""
+                                                           "vaco-proximal-0.1", "vtrace-decoupled", "geppo"])
+    """the study's algorithms to compare (those whose script the reference commit lacks are left out, with a note)"""
     jobs: int = 2
     """runs at a time"""
 
@@ -67,10 +67,13 @@ def main(args: Args):
     if unknown:
         sys.exit(f"error: unknown algorithm(s) {', '.join(unknown)} (choose from {', '.join(ALGORITHMS)})")
     with tempfile.TemporaryDirectory() as folder:
-        scripts = {script for script, _ in ALGORITHMS.values()}
-        for script in scripts:
-            if script_at(args.reference, script, folder) is None:
-                sys.exit(f"error: cannot read {script} at {args.reference} (git, or that commit, is not at hand)")
+        missing = {script for script in {ALGORITHMS[name][0] for name in args.algorithms}
+                   if script_at(args.reference, script, folder) is None}
+        for name in [name for name in args.algorithms if ALGORITHMS[name][0] in missing]:
+            print(f"note: {name} left out: no {ALGORITHMS[name][0]} at {args.reference}", flush=True)
+        args.algorithms = [name for name in args.algorithms if ALGORITHMS[name][0] not in missing]
+        if not args.algorithms:
+            sys.exit(f"error: none of the scripts at {args.reference} (git, or that commit, is not at hand)")
         jobs = []
         for name in args.algorithms:
             script, flags = ALGORITHMS[name]

@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import pytest
 
+import geppo_continuous
 import ppo_continuous
 import spo_continuous
 import vaco_continuous
@@ -27,7 +28,9 @@ from test_vaco_async import SCRIPT, launch, run_scalars  # noqa: F401 (launch: a
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 from study import import_script, script_at  # noqa: E402 (the scripts as of another commit)
 
-REFERENCE = "91692b60eb15fefe6b102fae7dca7aa474d3b831"  # the scripts' last change of numerics
+# the scripts' last change of numerics: the commit that added geppo_continuous.py, whose other scripts give the
+# numbers of 91692b6, the last that changed theirs
+REFERENCE = "8e8364eeb2b3afddfbdf2a59c906fa21504a454a"
 SHARED = dict(seed=1, policy_buffer=2, learning_rate=3e-3)
 CASES = {  # name -> (module, overrides)
     "ppo": (ppo_continuous, {}),
@@ -39,6 +42,8 @@ CASES = {  # name -> (module, overrides)
     "vaco-noalign": (vaco_continuous, dict(tv_threshold=0.01, advantage_alignment=False)),
     "vaco-nofilter": (vaco_continuous, dict(tv_filter=False)),
     "vaco-none": (vaco_continuous, dict(advantage_alignment=False, tv_filter=False, clip_vloss=True)),
+    "vtrace-decoupled": (vaco_continuous, dict(tv_filter=False, clip_reference="proximal")),
+    "geppo": (geppo_continuous, {}),
 }
 # vaco_async.py: its deterministic mode, two actor processes (each one env of the layout)
 ASYNC = dict(seed=1, learning_rate=3e-3, tv_threshold=0.01, sync=True, num_actors=2)
@@ -58,7 +63,7 @@ def compared(scalars):
 def reference_folder(tmp_path_factory):
     """The scripts as of REFERENCE, written to a temporary folder; None where git or that commit is not at hand."""
     folder = tmp_path_factory.mktemp("reference")
-    for script in ("ppo_continuous.py", "spo_continuous.py", "vaco_continuous.py", "vaco_async.py"):
+    for script in ("ppo_continuous.py", "spo_continuous.py", "vaco_continuous.py", "geppo_continuous.py", "vaco_async.py"):
         if script_at(REFERENCE, script, folder) is None:
             return None
     return folder
@@ -287,5 +292,31 @@ RECORDED = {'ppo': {'charts/episodic_return': [5.86218786239624, 15.776664733886
                            'losses/filtered_fraction': [0.47265625, 0.328125],
                            'losses/filter_on_fraction': [0.875, 0.625],
                            'losses/filter_tv': [0.027796676382422447, 0.009383117780089378],
-                           'losses/explained_variance': [-0.026134133338928223, 0.24604398012161255]}}
-
+                           'losses/explained_variance': [-0.026134133338928223, 0.24604398012161255]},
+            'vtrace-decoupled': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                                             5.832671165466309, 6.979803085327148, 39.461334228515625,
+                                                             17.533823013305664, 12.168791770935059, 12.4413480758667,
+                                                             5.222840309143066, 8.748591423034668, 28.766611099243164,
+                                                             7.579799175262451, 19.8908634185791],
+                                  'losses/policy_loss': [-0.024369776248931885, -0.014297419227659702],
+                                  'losses/value_loss': [3.41032338142395, 0.19871775805950165],
+                                  'losses/entropy': [4.23986291885376, 4.209049224853516],
+                                  'losses/old_approx_kl': [0.019955340772867203, 0.020266924053430557],
+                                  'losses/approx_kl': [0.009896336123347282, 0.026781750842928886],
+                                  'losses/clipfrac': [0.13671875, 0.02734375],
+                                  'losses/tv_divergence': [0.04239743947982788, 0.07636526226997375],
+                                  'losses/explained_variance': [0.00014406442642211914, 0.3026511073112488]},
+            'geppo': {'charts/episodic_return': [5.86218786239624, 15.776664733886719, 5.975460052490234,
+                                                  5.832671165466309, 6.979803085327148, 39.461334228515625,
+                                                  17.533823013305664, 12.168791770935059, 12.4413480758667,
+                                                  5.222840309143066, 8.748591423034668, 28.766611099243164,
+                                                  7.579799175262451, 19.8908634185791],
+                       'losses/policy_loss': [-0.024369776248931885, -0.006250147707760334],
+                       'losses/value_loss': [3.41032338142395, 0.19844511151313782],
+                       'losses/entropy': [4.23986291885376, 4.209051132202148],
+                       'losses/old_approx_kl': [0.019955340772867203, 0.020289242267608643],
+                       'losses/approx_kl': [0.009896336123347282, 0.026673326268792152],
+                       'losses/clipfrac': [0.13671875, 0.02734375],
+                       'losses/tv_divergence': [0.04239743947982788, 0.07617059350013733],
+                       'losses/proximal_tv': [0.04239743947982788, 0.023575711995363235],
+                       'losses/explained_variance': [0.00014406442642211914, 0.3026511073112488]}}
