@@ -144,8 +144,7 @@ class Args:
 
 
 class WithoutInfo(gym.Wrapper):
-    """The env's step without its info (the MuJoCo tasks' reward terms and positions): this script never
-    reads it, and SyncVectorEnv would gather each entry into arrays at every step."""
+    """The env's step without its info (reward terms, positions): never read here, batched by SyncVectorEnv."""
 
     def step(self, action):
         obs, reward, terminated, truncated, _ = self.env.step(action)
@@ -190,10 +189,8 @@ class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
 
     def update(self, x):
         x = np.asarray(x, dtype=np.float64)  # float64 sums, whatever the observations' dtype
-        # the batch's mean and variance by np.mean's and np.var's own operations, without their checks
-        batch_mean = np.add.reduce(x, axis=0) / len(x)
-        deviation = x - batch_mean
-        self.update_from_moments(batch_mean, np.add.reduce(deviation * deviation, axis=0) / len(x), len(x))
+        batch_mean = np.add.reduce(x, axis=0) / len(x)  # np.mean's and np.var's operations, without their checks
+        self.update_from_moments(batch_mean, np.add.reduce(np.square(x - batch_mean), axis=0) / len(x), len(x))
 
 
 def normalize_obs(obs, obs_rms, clip=10.0):
@@ -321,15 +318,15 @@ def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scal
     final observation where an episode ended at t), the normalised observation to continue from, and the
     episodes that ended: (return, length, step)."""
     shapes = dict(obs=envs.single_observation_space.shape, next_obs=envs.single_observation_space.shape,
-                  actions=envs.single_action_space.shape, means=envs.single_action_space.shape, rewards=(),
-                  terminations=(), dones=())
+                  actions=envs.single_action_space.shape, rewards=(), terminations=(), dones=())
     rollout = {key: np.zeros((num_steps, envs.num_envs, *shape), np.float32) for key, shape in shapes.items()}
+    means = np.zeros_like(rollout["actions"])  # the actors' means, for the log-probabilities at the end
     low, high = envs.single_action_space.low, envs.single_action_space.high
     episodes = []
     for step in range(num_steps):
         rollout["obs"][step] = current_obs
         action, mean, logstd = policy_buffer.act(torch.as_tensor(current_obs), groups, generator)
-        rollout["actions"][step], rollout["means"][step] = action.numpy(), mean.numpy()
+        rollout["actions"][step], means[step] = action.numpy(), mean.numpy()
 
         raw_obs, reward, termination, truncation, infos = envs.step(np.clip(action.numpy(), low, high))
         done = termination | truncation
@@ -343,8 +340,7 @@ def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scal
             for i in np.flatnonzero(infos["_episode"]):
                 episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
     # the behaviour log-probabilities, all steps at once (each actor's log-std is the same at every step)
-    rollout["logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(rollout.pop("means")),
-                                           logstd).numpy()
+    rollout["logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means), logstd).numpy()
     return rollout, current_obs, episodes
 # --8<-- [end:rollout]
 

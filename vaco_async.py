@@ -171,8 +171,7 @@ class Args:
 
 
 class WithoutInfo(gym.Wrapper):
-    """The env's step without its info (the MuJoCo tasks' reward terms and positions): this script never
-    reads it, and SyncVectorEnv would gather each entry into arrays at every step."""
+    """The env's step without its info (reward terms, positions): never read here, batched by SyncVectorEnv."""
 
     def step(self, action):
         obs, reward, terminated, truncated, _ = self.env.step(action)
@@ -217,10 +216,8 @@ class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
 
     def update(self, x):
         x = np.asarray(x, dtype=np.float64)  # float64 sums, whatever the observations' dtype
-        # the batch's mean and variance by np.mean's and np.var's own operations, without their checks
-        batch_mean = np.add.reduce(x, axis=0) / len(x)
-        deviation = x - batch_mean
-        self.update_from_moments(batch_mean, np.add.reduce(deviation * deviation, axis=0) / len(x), len(x))
+        batch_mean = np.add.reduce(x, axis=0) / len(x)  # np.mean's and np.var's operations, without their checks
+        self.update_from_moments(batch_mean, np.add.reduce(np.square(x - batch_mean), axis=0) / len(x), len(x))
 
 
 def normalize_obs(obs, obs_rms, clip=10.0):
@@ -303,8 +300,7 @@ def gaussian_entropy(logstd):
 
 
 def act(actor, obs, generator):
-    """Sample an action for every env from the actor's policy; returns (action, mean, log-std): the policy's
-    Gaussians, whose log-probabilities the rollout takes at its end."""
+    """Sample an action for every env from the actor's policy; returns (action, mean, log-std) of its Gaussians."""
     mean, logstd = actor(obs)
     action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
     return action, mean, logstd
