@@ -735,6 +735,8 @@ def resume(args, saved):
     if not os.path.isfile(args.resume):
         sys.exit(f"error: --resume {args.resume}: no such file")
     checkpoint = load_checkpoint(args.resume)
+    if "lr_scale" not in checkpoint:
+        sys.exit(f"error: --resume {args.resume} holds no learning-rate factor: not a geppo_continuous.py checkpoint")
     global_step, iteration = checkpoint["global_step"], checkpoint["iteration"]
     if checkpoint["args"]["env_id"] != args.env_id:
         sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "

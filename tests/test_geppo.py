@@ -128,6 +128,13 @@ def test_resume_keeps_the_learning_rate_factor(train, tmp_path):
     assert resumed["charts/actor_learning_rate"] == first["charts/actor_learning_rate"][2:]
 
 
+def test_resume_refuses_a_checkpoint_without_the_factor(train):
+    # a vaco_continuous.py checkpoint fits GePPO's network, but carries no learning-rate factor
+    run_dir, _ = train(vaco, exp_name="vaco", save_model=True, eval_episodes=0)
+    with pytest.raises(SystemExit, match="holds no learning-rate factor: not a geppo_continuous.py checkpoint"):
+        train(geppo, exp_name="geppo", resume=f"{run_dir}/vaco.cleanrl_model", total_timesteps=512)
+
+
 @pytest.mark.parametrize("flags, message", [
     (dict(clip_coef=0.0), "--clip-coef must be positive"),
     (dict(adapt_factor=-0.1), "--adapt-factor >= 0"),
