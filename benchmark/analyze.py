@@ -1108,7 +1108,7 @@ def lag_recovered_figure(tasks, algorithms, estimates, k, path):
         ax.set_xlabel(f"share of PPO's loss from K = 1 to K = {k} won back\n"
                       "(0: PPO under lag, 1: without lag; axis cut at -1.5, 3)")
         ax.grid(True, axis="x", alpha=0.25)
-        fig.legend(loc="outside upper center", ncol=len(algorithms), title="estimate with 95 % interval")
+        fig.legend(loc="outside upper center", ncol=min(3, len(algorithms)), title="estimate with 95 % interval")
     save(fig, path)
 
 
