@@ -45,6 +45,8 @@ class Args:
     """the study's algorithms to compare (those whose script the reference commit lacks are left out, with a note)"""
     jobs: int = 2
     """runs at a time"""
+    compile: bool = True
+    """run the scripts compiled, as the study does (--no-compile: their eager path)"""
 
 
 def run(script, flags, cwd):
@@ -79,6 +81,8 @@ def main(args: Args):
             script, flags = ALGORITHMS[name]
             flags = [*flags, "--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps),
                      "--policy-buffer", str(args.policy_buffer), "--seed", str(args.seed)]
+            if not args.compile:
+                flags.append("--no-compile")
             for side, path in (("reference", os.path.join(folder, script)), ("today", os.path.join(ROOT, script))):
                 cwd = os.path.join(folder, f"{name}-{side}")
                 os.makedirs(cwd)
