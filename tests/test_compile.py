@@ -62,6 +62,26 @@ def test_eager_update_is_adam_with_gradient_clipping(module):
 
 
 @script
+def test_eager_gradient_is_the_one_the_compiler_traces(module, monkeypatch):
+    # Eagerly train_step takes torch.autograd.grad; under torch.compile, torch.func.grad. Run on this
+    # machine, both paths eagerly (is_compiling patched to say yes) give the very same steps.
+    (agent, params, adam), (agent_func, params_func, adam_func) = fresh(module), fresh(module)
+    args, flat = module.Args(max_grad_norm=0.2), random_flat()
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        indices = torch.randperm(256, generator=g)[:64]
+        stats = module.train_step(params, adam, flat, indices, rate(module, 3e-3), agent, args)
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.compiler, "is_compiling", lambda: True)
+            stats_func = module.train_step(params_func, adam_func, flat, indices, rate(module, 3e-3), agent_func, args)
+        for name in stats:
+            assert torch.equal(stats[name], stats_func[name]), name
+    for name in params:
+        assert torch.equal(params[name], params_func[name]), name
+    assert not torch.equal(params["actor.logstd"], fresh(module)[1]["actor.logstd"])  # the steps moved it
+
+
+@script
 def test_compiled_update_agrees_with_eager(module):
     # Inductor fuses and reorders float operations, so the two agree to rounding, not bit for bit.
     (agent, params, adam), (agent_eager, params_eager, adam_eager) = fresh(module), fresh(module)
