@@ -436,7 +436,7 @@ def geppo_policy_loss(newlogprob, behavior_logprob, weight, advantages, eps):
 # --8<-- [start:minibatch_loss]
 def minibatch_loss(params, agent, mb, args):
     """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
-    `agent`), so that torch.func can differentiate it. Returns (loss, {statistic: value} to log)."""
+    `agent`), so that `train_step` can differentiate it. Returns (loss, {statistic: value} to log)."""
     mean, logstd, newvalue = torch.func.functional_call(agent, params, (mb["obs"],))
     newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
     entropy = gaussian_entropy(logstd)

@@ -361,7 +361,7 @@ def spo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon):
 # --8<-- [start:minibatch_loss]
 def minibatch_loss(params, agent, mb, args):
     """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
-    `agent`), so that torch.func can differentiate it. Returns (loss, {statistic: value} to log)."""
+    `agent`), so that `train_step` can differentiate it. Returns (loss, {statistic: value} to log)."""
     mean, logstd, newvalue = torch.func.functional_call(agent, params, (mb["obs"],))
     newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
     entropy = gaussian_entropy(logstd)

@@ -46,7 +46,8 @@ class Args:
     jobs: int = 2
     """runs at a time"""
     compile: bool = True
-    """run the scripts compiled, as the study does (--no-compile: their eager path)"""
+    """run the scripts compiled, as the study does (--no-compile: their eager path; the reference commit
+    must know the flag)"""
 
 
 def run(script, flags, cwd):

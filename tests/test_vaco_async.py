@@ -505,9 +505,10 @@ def test_a_silent_actor_is_dismissed_and_the_run_goes_on(launch, tmp_path):
 
 @pytest.mark.floatfree
 def test_long_updates_do_not_make_healthy_actors_silent(launch, tmp_path):
-    # every update (16 minibatches x 30 epochs, eager) outlasts --actor-timeout, while the actors'
-    # next segments wait for the full queue: that wait is the learner's, not the actors' silence
-    run = script(launch, *flags(num_actors=2, num_minibatches=16, update_epochs=30, total_timesteps=64 * 4,
+    # every update (16 minibatches x 90 epochs, eager: about 3 s here, so > 1 s on a CPU 2-3 times faster)
+    # outlasts --actor-timeout, while the actors' next segments wait for the full queue: that wait is the
+    # learner's, not the actors' silence
+    run = script(launch, *flags(num_actors=2, num_minibatches=16, update_epochs=90, total_timesteps=64 * 4,
                                 actor_timeout=1))
     code, out, err = run.finish(timeout=120)
     assert code == 0, out + err
