@@ -1245,9 +1245,10 @@ def compact_thousands(value, _position=None):
     return f"{value / 1000:g}k" if abs(value) >= 10_000 else f"{value:g}"
 
 
-def curves_figure(runs, keys, ks, sweep, path):
-    """Learning curves (PPO, VACO, SPO, and the sweep's variants when there are few of them, e.g.
-    the finalists): one block per task, titled with its name, of one panel per K, two panels a row."""
+def curves_figure(runs, keys, ks, sweep, path, shown=None):
+    """Learning curves (PPO, VACO, SPO, decoupled PPO and the sweep's variants when there are few of them,
+    e.g. the finalists; or the algorithms in `shown`): one block per task, titled with its name, of one
+    panel per K, two panels a row."""
     plt = pyplot()
     from matplotlib.ticker import FuncFormatter
 
@@ -1255,13 +1256,14 @@ def curves_figure(runs, keys, ks, sweep, path):
     cols = 2 if len(ks) > 1 else 1
     rows = -(-len(ks) // cols)  # per task
     curves, steps = defaultdict(list), {}
-    shown = {"ppo", "vaco", "spo", "ppo-decoupled"} | (set(sweep) if len(sweep) <= 3 else set())
+    if shown is None:
+        shown = {"ppo", "vaco", "spo", "ppo-decoupled"} | (set(sweep) if len(sweep) <= 3 else set())
     for meta, rows_ in runs:
         if meta["algorithm"] in shown:
             key = (meta["task"], meta["k"], meta["algorithm"])
             curves[key].append(slice_scores(rows_, meta["total_timesteps"], slices=50))
             steps[key] = max(steps.get(key, 0), meta["total_timesteps"])
-    order = [a for a in MAIN_ALGORITHMS if a in shown] + sorted(set(sweep) & shown)
+    order = [a for a in MAIN_ALGORITHMS if a in shown] + sorted(set(shown) - set(MAIN_ALGORITHMS))
     seeds, handles = defaultdict(set), {}
     with plt.rc_context(FONT):
         fig = plt.figure(figsize=(FIGURE_WIDTH, len(tasks) * (2.15 * rows + 0.4) + 1.1), layout="constrained")
