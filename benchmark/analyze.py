@@ -1263,7 +1263,7 @@ def curves_figure(runs, keys, ks, sweep, path, shown=None):
             key = (meta["task"], meta["k"], meta["algorithm"])
             curves[key].append(slice_scores(rows_, meta["total_timesteps"], slices=50))
             steps[key] = max(steps.get(key, 0), meta["total_timesteps"])
-    order = [a for a in MAIN_ALGORITHMS if a in shown] + sorted(set(shown) - set(MAIN_ALGORITHMS))
+    order = [a for a in MAIN_ALGORITHMS if a in shown] + sorted(shown - set(MAIN_ALGORITHMS))
     seeds, handles = defaultdict(set), {}
     with plt.rc_context(FONT):
         fig = plt.figure(figsize=(FIGURE_WIDTH, len(tasks) * (2.15 * rows + 0.4) + 1.1), layout="constrained")

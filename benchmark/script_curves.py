@@ -36,7 +36,8 @@ import analyze  # noqa: E402
 from study import training_command  # noqa: E402
 
 # the study's name for each script at its defaults; analyze.py draws and colours them by these names
-LABELS = {"ppo_continuous.py": "ppo", "vaco_continuous.py": "vaco", "spo_continuous.py": "spo", "geppo_continuous.py": "geppo"}
+LABELS = {"ppo_continuous.py": "ppo", "vaco_continuous.py": "vaco", "spo_continuous.py": "spo",
+          "geppo_continuous.py": "geppo"}
 # flags a study sets per run without changing the method
 PER_RUN_FLAGS = ("--env-id", "--policy-buffer", "--seed", "--total-timesteps", "--exp-name")
 
@@ -44,7 +45,8 @@ PER_RUN_FLAGS = ("--env-id", "--policy-buffer", "--seed", "--total-timesteps", "
 @dataclass
 class Args:
     script: tyro.conf.Positional[str]
-    """the script whose curves are drawn: ppo_continuous.py, vaco_continuous.py, spo_continuous.py or geppo_continuous.py"""
+    """the script whose curves are drawn: ppo_continuous.py, vaco_continuous.py, spo_continuous.py or
+    geppo_continuous.py"""
     results_dir: tyro.conf.Positional[str]
     """a folder of study results (CSV + JSON per run), e.g. benchmark/results/cpu-1m"""
     reference: Optional[str] = None
@@ -129,7 +131,7 @@ def main(args: Args):
         keys.setdefault((meta["algorithm"], meta["k"]), set()).add(meta["task"])
     out = args.out or os.path.join(ROOT, "docs", "img", "curves", args.script[: -len(".py")] + ".png")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    analyze.curves_figure(drawn, keys, sorted(args.ks), (), out, shown={LABELS[script] for script in scripts})
+    analyze.curves_figure(drawn, keys, sorted(args.ks), (), out, shown={LABELS[s] for s in scripts})
     print(f"figure: {out}")
 
 
