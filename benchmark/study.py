@@ -113,7 +113,8 @@ PRESETS = {
     # pi_T instead of beta (--tv-reference proximal, delta 0.1), at K = 8 on the same grid and folder.
     "ten-tasks-proximal": (1_000_000, [1, 2, 3], [(["vaco-proximal-0.1"], [8], PAPER_TASKS)]),
     # Which part wins lag back: V-trace's advantages under decoupled PPO's clip, and GePPO (V-trace with a TV band
-    # around pi_T), at K = 8 on the same grid and folder; then GePPO with GAE, the advantages under a second trust region.
+    # around pi_T), at K = 8 on the same grid and folder; then GePPO with GAE, the advantages under a second trust
+    # region.
     "ten-tasks-trust-region": (1_000_000, [1, 2, 3], [(["vtrace-decoupled", "geppo"], [8], PAPER_TASKS),
                                                       (["geppo-gae"], [8], PAPER_TASKS)]),
     # How much lag is too much: K = 32 (snapshots 0-31 updates old, 15.5 on average) on four of the tasks where lag
@@ -398,7 +399,9 @@ class Args:
     """which grid: cpu (~3 h on 2 cores, 300k steps per run), cpu-1m (finalists and held-out tasks
     at 1M steps), ten-tasks (PPO and VACO at K 1 and 8 on the paper's 10 tasks, then decoupled PPO at
     K 8; 3 seeds, 1M steps), ten-tasks-proximal (VACO with --tv-reference proximal at K 8, same grid),
-    ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
+    ten-tasks-trust-region (V-trace with the decoupled clip and GePPO at K 8, same grid; then GePPO with GAE),
+    ten-tasks-k32 (PPO, VACO, decoupled PPO and V-trace with the decoupled clip at K 32 on Ant, HalfCheetah,
+    Hopper and Walker2d), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
     K in 1,2,4,8 x 10 seeds at 1M steps)"""
     jobs: int = os.cpu_count() or 1
     """runs at a time (each run uses one core)"""
