@@ -873,7 +873,7 @@ def main(args: Args):
         report += [f"![trust region]({out.link('trust_region.png')})", ""] if trust_region else []
         for k in scan_ks:
             scan = lag_scan_section(runs, raw, normalised, randoms, max(ks), k, args.reps, args.seed, out, planned)
-            report += titled(f"How much lag: K = 1, {max(ks)} and {k}", f"lag_scan_K{k}", scan)
+            report += titled(f"How much lag: K = 1, {max(ks)} and {k}", f"lag_scan_k{k}", scan)
             report += [f"![how much lag]({out.link(f'lag_scan_K{k}.png')})", ""] if scan else []
         report += titled("Relative improvement of VACO over PPO", "summary_number",
                          summary_number_section(raw, randoms, compared, head_ks, args.reps, args.seed))

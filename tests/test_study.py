@@ -322,7 +322,7 @@ def test_a_larger_lag_on_fewer_tasks_has_its_own_section(tmp_path, saved):
     report = open(os.path.join(folder, "report.md")).read()
     recovered = report[report.index("[start:lag_recovered]"):report.index("[end:lag_recovered]")]
     assert "at K = 8 is below 0.9 of its mean at K = 1" in recovered and "TaskC-v4" in recovered
-    scan = report[report.index("[start:lag_scan_K32]"):report.index("[end:lag_scan_K32]")]
+    scan = report[report.index("[start:lag_scan_k32]"):report.index("[end:lag_scan_k32]")]
     assert "on TaskA-v4, TaskB-v4, beside K = 1 and 8" in scan and "15.5 on average" in scan
     assert "| TaskA-v4 | decoupled PPO | | 1.00 | 0.80 |" in scan.replace("|  |", "| |")
     assert "| TaskA-v4 | PPO | 1.00 | 0.60 | 0.20 |" in scan
