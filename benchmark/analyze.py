@@ -354,10 +354,12 @@ def interval_cell(values):
     return f"{mean:.0f} (1 seed)" if len(values) == 1 else f"{mean:.0f} [{lo:.0f}, {hi:.0f}]"
 
 
-def comparison_section(raw, randoms, tasks, ks):
+def comparison_section(raw, randoms, tasks, ks, planned=frozenset()):
     """Per task: PPO's and VACO's final return (mean and 95% t-interval over seeds) at each K, and
-    their ratio above the random policy; decoupled PPO's too, at the K where it ran."""
-    others = {k: [a for a in RECOVERERS if a == "vaco" or (a, k) in raw] for k in ks}
+    their ratio above the random policy; the other methods under lag too, at the K where they ran,
+    except a block still running (listed as incomplete below the table)."""
+    running = {k: completeness(raw, [a for a in RECOVERERS if (a, k) in raw], k, tasks, planned)[1] for k in ks}
+    others = {k: [a for a in RECOVERERS if a == "vaco" or ((a, k) in raw and a not in running[k])] for k in ks}
     header = ["task"]
     for k in ks:
         header += [f"PPO K={k}"] + [f"{RECOVERERS[a]}{suffix} K={k}" for a in others[k] for suffix in ("", "/PPO")]
@@ -375,7 +377,7 @@ def comparison_section(raw, randoms, tasks, ks):
                 cells += [interval_cell(other),
                           f"{above_random_ratio(other, ppo, randoms[task]):.2f}" if ppo and other else ""]
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    return lines + [""]
+    return lines + [""] + [line for k in ks for line in incomplete_line(running[k], k)]
 
 
 def relative_improvement(raw, randoms, tasks, k, reps, seed):
@@ -860,8 +862,9 @@ def main(args: Args):
     compared = [t for t in tasks_all if any(finals(raw, (a, k), t) for a in ("ppo", "vaco") for k in ks)]
     if any(a == "vaco" for a, _ in raw):
         head_ks = sorted({min(ks), max(ks)})
-        report += titled("VACO against PPO per task", "vaco_vs_ppo", comparison_section(raw, randoms, compared, head_ks))
         planned = planned_runs(args.results_dir)
+        report += titled("VACO against PPO per task", "vaco_vs_ppo",
+                         comparison_section(raw, randoms, compared, head_ks, planned))
         recovered = lag_recovered_section(raw, normalised, randoms, compared, max(ks), args.reps, args.seed, out, planned)
         report += titled("Lag recovered", "lag_recovered", recovered)
         report += [f"![lag recovered]({out.link('lag_recovered.png')})", ""] if recovered else []

@@ -281,6 +281,10 @@ def test_which_part_wins_lag_back_one_variable_at_a_time(tmp_path, saved):
     assert rows["the trust region, all with V-trace"][2][:2] == ["V-trace + decoupled clip", "GePPO"]
     assert rows["the trust region, all with V-trace"][2][4] == "TaskC-v4"  # either side of PPO there
     assert "Incomplete at K = 8, in no table here: GePPO with GAE (1 of 9 runs)." in section
+    # nor in the per-task returns: the block still running is named below that table instead
+    per_task = report[report.index("[start:vaco_vs_ppo]"):report.index("[end:vaco_vs_ppo]")]
+    assert "GePPO K=8" in per_task and "GePPO with GAE K=8" not in per_task
+    assert "Incomplete at K = 8, in no table here: GePPO with GAE (1 of 9 runs)." in per_task
     # where they disagree (TaskC: GePPO behind PPO, the others ahead): every method's diagnostics
     assert "| TaskC-v4 | GePPO | 0.75 | 0.1 |  |  |  | 0.89 |" in section  # 1.03^-4
     assert "| TaskA-v4 | GePPO |" not in section
