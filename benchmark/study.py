@@ -65,6 +65,9 @@ ALGORITHMS = {
     "geppo": ("geppo_continuous.py", ["--clip-coef", "0.2", "--adapt-lr", "--adapt-factor", "0.03"]),
     "geppo-gae": ("geppo_continuous.py", ["--clip-coef", "0.2", "--adapt-lr", "--adapt-factor", "0.03",
                                           "--no-advantage-alignment"]),
+    # GePPO with its authors' effective eps: their code runs eps = 0.2 x eps_mult, which their reuse of 4 batches
+    # makes 0.1 at their defaults (this script reuses no batch, so eps_mult = 1 and eps = 0.2 above)
+    "geppo-clip-0.1": ("geppo_continuous.py", ["--clip-coef", "0.1", "--adapt-lr", "--adapt-factor", "0.03"]),
 }
 # The delta sweep: every threshold against each reference policy.
 DELTAS = (0.05, 0.1, 0.2)
@@ -121,6 +124,9 @@ PRESETS = {
     # hurts PPO at K = 8, every method at its K = 8 settings (nothing tuned for K = 32): PPO, VACO, decoupled PPO,
     # and V-trace with the decoupled clip, the trust-region study's highest median share of the lag won back at K = 8.
     "ten-tasks-k32": (1_000_000, [1, 2, 3], [(["ppo", "vaco", "ppo-decoupled", "vtrace-decoupled"], [32], LAG_TASKS)]),
+    # How much GePPO's eps moves its result: eps = 0.1 (what its authors' sample reuse makes of their 0.2) at K = 8,
+    # seed 1 of the ten tasks, beside the eps = 0.2 runs
+    "ten-tasks-geppo-eps": (1_000_000, [1], [(["geppo-clip-0.1"], [8], PAPER_TASKS)]),
     # The README's main job at length: Ant-v4 at K = 8 for 3M steps.
     "ant-3m": (3_000_000, [1, 2, 3], [(["ppo", "vaco"], [8], ["Ant-v4"])]),
     "paper": (1_000_000, list(range(1, 11)), [
@@ -129,7 +135,8 @@ PRESETS = {
 }
 
 # Presets that add runs to another preset's folder, whose report reads them together
-FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tasks", "ten-tasks-k32": "ten-tasks"}
+FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tasks", "ten-tasks-k32": "ten-tasks",
+           "ten-tasks-geppo-eps": "ten-tasks"}
 
 # Per-update columns of the CSV: TensorBoard tag -> column. Missing tags are left empty.
 DIAGNOSTICS = {
@@ -401,7 +408,7 @@ class Args:
     K 8; 3 seeds, 1M steps), ten-tasks-proximal (VACO with --tv-reference proximal at K 8, same grid),
     ten-tasks-trust-region (V-trace with the decoupled clip and GePPO at K 8, same grid; then GePPO with GAE),
     ten-tasks-k32 (PPO, VACO, decoupled PPO and V-trace with the decoupled clip at K 32 on Ant, HalfCheetah,
-    Hopper and Walker2d), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
+    Hopper and Walker2d), ten-tasks-geppo-eps (GePPO with eps 0.1 at K 8, seed 1 of the ten tasks), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
     K in 1,2,4,8 x 10 seeds at 1M steps)"""
     jobs: int = os.cpu_count() or 1
     """runs at a time (each run uses one core)"""
