@@ -16,7 +16,9 @@ writes one row per snapshot age k (0 = the learner pi_T itself, K - 1 the oldest
     logstd_push_centred   the same with the advantages centred within each age first (what it would be if no age
                       carried a lower or higher advantage than another)
 
-and one row per update with age "all" for the batch. The per-sample log-std is a [batch, action] tensor passed in
+and one row per update with age "all" for the batch, which also holds how far the last update moved the policy:
+the exact KL(pi_{T-1} || pi_T) between the policies at this update's start and the last one's, averaged over this
+batch's states and split into the part from the means (`move_kl_mean`) and the part from the std (`move_kl_std`). The per-sample log-std is a [batch, action] tensor passed in
 place of the parameter, so that its gradient is each sample's part and the parts sum to the parameter's gradient.
 
     python benchmark/study/lag_by_age.py ppo_continuous.py --out hopper_decoupled_k32.csv \
@@ -43,7 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 from study import import_script  # noqa: E402
 
 COLUMNS = ["update", "step", "age", "samples", "advantage_mean", "abs_z_mean", "weight_mean", "logstd_push",
-           "logstd_push_centred", "entropy"]
+           "logstd_push_centred", "entropy", "move_kl_mean", "move_kl_std"]
 
 
 @dataclass
@@ -73,8 +75,17 @@ def centred_by_age(advantages, ages):
     return centred
 
 
+def gaussian_kl_parts(mean_p, logstd_p, mean_q, logstd_q):
+    """KL(p || q) of diagonal Gaussians per row, as (the part from the means, the part from the std):
+        sum_j (mu_p - mu_q)^2 / (2 sigma_q^2)   and   sum_j log(sigma_q / sigma_p) + sigma_p^2 / (2 sigma_q^2) - 1/2"""
+    var_q = (2 * logstd_q).exp()
+    from_means = ((mean_p - mean_q) ** 2 / (2 * var_q)).sum(-1)
+    from_std = (logstd_q - logstd_p + (2 * logstd_p).exp() / (2 * var_q) - 0.5).sum(-1)
+    return from_means, from_std
+
+
 @torch.no_grad()
-def age_rows(module, agent, b, estimates, env_ages, args):
+def age_rows(module, agent, b, estimates, env_ages, args, previous=None):
     """The rows of one update: per age, then the whole batch as age "all"."""
     batch = {**b, **estimates}
     flat = {key: value.reshape(-1, *value.shape[2:]) for key, value in batch.items()}
@@ -89,27 +100,32 @@ def age_rows(module, agent, b, estimates, env_ages, args):
         push_centred = per_sample_logstd_push(module, agent, flat, args, centred_by_age(advantages, ages))
     groups = [(str(int(age)), ages == age) for age in ages.unique()] + [("all", torch.ones_like(ages, dtype=bool))]
     entropy = module.gaussian_entropy(logstd[0]).item()
-    return [dict(age=name, samples=int(mask.sum()), advantage_mean=standardised[mask].mean().item(),
+    move = gaussian_kl_parts(*previous(flat["obs"]), mean, logstd) if previous is not None else (torch.zeros(1),) * 2
+    rows = [dict(age=name, samples=int(mask.sum()), advantage_mean=standardised[mask].mean().item(),
                  abs_z_mean=z[mask].abs().mean().item(), weight_mean=weight[mask].mean().item(),
                  logstd_push=push[mask].sum().item(), logstd_push_centred=push_centred[mask].sum().item(),
                  entropy=entropy) for name, mask in groups]
+    rows[-1].update(move_kl_mean=move[0].mean().item(), move_kl_std=move[1].mean().item())
+    return rows
 
 
 def instrument(module, writer):
     """Wrap `module`'s `PolicyBuffer.sample_ages` (to learn each actor's age) and `estimate_advantages` (to write
     the update's rows after it); returns nothing, leaves what they compute as it was."""
     sample_ages, estimate_advantages = module.PolicyBuffer.sample_ages, module.estimate_advantages
-    state = dict(ages=None, update=0, step=0)
+    state = dict(ages=None, update=0, step=0, current=None)
 
     def recording_sample_ages(self, num_actors, rng):
         state["ages"], groups = sample_ages(self, num_actors, rng)
+        # pi_T and pi_{T-1}: the snapshots are frozen copies, so holding one keeps it as it was, even at K = 1
+        state["previous"], state["current"] = state["current"], self[0]
         return state["ages"], groups
 
     def diagnosed_estimate_advantages(agent, b, args):
         estimates = estimate_advantages(agent, b, args)
         state["update"] += 1
         state["step"] += args.batch_size
-        for row in age_rows(module, agent, b, estimates, state["ages"], args):
+        for row in age_rows(module, agent, b, estimates, state["ages"], args, state["previous"]):
             writer.writerow({"update": state["update"], "step": state["step"],
                              **{k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()}})
         return estimates
