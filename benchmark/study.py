@@ -68,6 +68,11 @@ ALGORITHMS = {
     # GePPO with its authors' effective eps: their code runs eps = 0.2 x eps_mult, which their reuse of 4 batches
     # makes 0.1 at their defaults (this script reuses no batch, so eps_mult = 1 and eps = 0.2 above)
     "geppo-clip-0.1": ("geppo_continuous.py", ["--clip-coef", "0.1", "--adapt-lr", "--adapt-factor", "0.03"]),
+    # Remedies for lag at K = 32, on decoupled PPO: an update that stops once the policy has moved as far from pi_T
+    # (exact KL over the batch's states) as a synchronous update moves it on Hopper; and the stale samples left out
+    # of the policy loss (those of snapshots 8 or more updates old: K = 8's ages, a quarter of the batch)
+    "ppo-decoupled-kl-0.015": ("ppo_continuous.py", ["--clip-reference", "proximal", "--max-update-kl", "0.015"]),
+    "ppo-decoupled-lag-8": ("ppo_continuous.py", ["--clip-reference", "proximal", "--max-policy-lag", "8"]),
 }
 # The delta sweep: every threshold against each reference policy.
 DELTAS = (0.05, 0.1, 0.2)
@@ -127,6 +132,10 @@ PRESETS = {
     # How much GePPO's eps moves its result: eps = 0.1 (what its authors' sample reuse makes of their 0.2) at K = 8,
     # seed 1 of the ten tasks, beside the eps = 0.2 runs
     "ten-tasks-geppo-eps": (1_000_000, [1], [(["geppo-clip-0.1"], [8], PAPER_TASKS)]),
+    # Remedies at K = 32 on the same four tasks: the two above, and GePPO with GAE (its band around pi_T/beta and
+    # its adaptive actor rate, on decoupled PPO's advantages)
+    "ten-tasks-k32-remedies": (1_000_000, [1, 2, 3], [(["ppo-decoupled-kl-0.015", "ppo-decoupled-lag-8", "geppo-gae"],
+                                                       [32], LAG_TASKS)]),
     # The README's main job at length: Ant-v4 at K = 8 for 3M steps.
     "ant-3m": (3_000_000, [1, 2, 3], [(["ppo", "vaco"], [8], ["Ant-v4"])]),
     "paper": (1_000_000, list(range(1, 11)), [
@@ -136,7 +145,7 @@ PRESETS = {
 
 # Presets that add runs to another preset's folder, whose report reads them together
 FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tasks", "ten-tasks-k32": "ten-tasks",
-           "ten-tasks-geppo-eps": "ten-tasks"}
+           "ten-tasks-geppo-eps": "ten-tasks", "ten-tasks-k32-remedies": "ten-tasks"}
 
 # Per-update columns of the CSV: TensorBoard tag -> column. Missing tags are left empty.
 DIAGNOSTICS = {
@@ -154,6 +163,7 @@ DIAGNOSTICS = {
     "losses/proximal_tv": "proximal_tv",
     "charts/update_tv": "update_tv",
     "charts/actor_learning_rate": "actor_learning_rate",
+    "charts/update_kl": "update_kl",
 }
 COLUMNS = ["step", "episodes", "return_mean"] + list(DIAGNOSTICS.values())
 
@@ -408,7 +418,8 @@ class Args:
     K 8; 3 seeds, 1M steps), ten-tasks-proximal (VACO with --tv-reference proximal at K 8, same grid),
     ten-tasks-trust-region (V-trace with the decoupled clip and GePPO at K 8, same grid; then GePPO with GAE),
     ten-tasks-k32 (PPO, VACO, decoupled PPO and V-trace with the decoupled clip at K 32 on Ant, HalfCheetah,
-    Hopper and Walker2d), ten-tasks-geppo-eps (GePPO with eps 0.1 at K 8, seed 1 of the ten tasks), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
+    Hopper and Walker2d), ten-tasks-geppo-eps (GePPO with eps 0.1 at K 8, seed 1 of the ten tasks), ten-tasks-k32-remedies (decoupled PPO
+    with an exact-KL stop or without its stale samples, and GePPO with GAE, at K 32 on the same four tasks), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
     K in 1,2,4,8 x 10 seeds at 1M steps)"""
     jobs: int = os.cpu_count() or 1
     """runs at a time (each run uses one core)"""
