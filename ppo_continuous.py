@@ -567,8 +567,8 @@ def main(args: Args):
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
                 for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
         flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
-        with torch.no_grad():  # pi_T on the batch's states, to measure how far the epochs move the policy
-            proximal = agent.actor(flat["obs"])
+        with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
+            proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
