@@ -18,7 +18,9 @@ writes one row per snapshot age k (0 = the learner pi_T itself, K - 1 the oldest
 
 and one row per update with age "all" for the batch, which also holds how far the last update moved the policy:
 the exact KL(pi_{T-1} || pi_T) between the policies at this update's start and the last one's, averaged over this
-batch's states and split into the part from the means (`move_kl_mean`) and the part from the std (`move_kl_std`). The per-sample log-std is a [batch, action] tensor passed in
+batch's states and split into the part from the means (`move_kl_mean`) and the part from the std (`move_kl_std`),
+and how the entropy changed during this update's first epoch (`entropy_change_first_epoch`) and in all of its
+epochs (`entropy_change`). The per-sample log-std is a [batch, action] tensor passed in
 place of the parameter, so that its gradient is each sample's part and the parts sum to the parameter's gradient.
 
     python benchmark/study/lag_by_age.py ppo_continuous.py --out hopper_decoupled_k32.csv \
@@ -45,7 +47,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 from study import import_script  # noqa: E402
 
 COLUMNS = ["update", "step", "age", "samples", "advantage_mean", "abs_z_mean", "weight_mean", "logstd_push",
-           "logstd_push_centred", "entropy", "move_kl_mean", "move_kl_std"]
+           "logstd_push_centred", "entropy", "move_kl_mean", "move_kl_std", "entropy_change_first_epoch",
+           "entropy_change"]
 
 
 @dataclass
@@ -89,7 +92,7 @@ def age_rows(module, agent, b, estimates, env_ages, args, previous=None):
     """The rows of one update: per age, then the whole batch as age "all"."""
     batch = {**b, **estimates}
     flat = {key: value.reshape(-1, *value.shape[2:]) for key, value in batch.items()}
-    ages = torch.as_tensor(env_ages).expand(b["rewards"].shape).reshape(-1)
+    flat["ages"] = ages = torch.as_tensor(env_ages).expand(b["rewards"].shape).reshape(-1)
     mean, logstd = agent.actor(flat["obs"])
     z = (flat["actions"] - mean) / logstd.exp()
     weight = (estimates["proximal_logprobs"] - b["logprobs"]).exp().reshape(-1)
@@ -110,10 +113,12 @@ def age_rows(module, agent, b, estimates, env_ages, args, previous=None):
 
 
 def instrument(module, writer):
-    """Wrap `module`'s `PolicyBuffer.sample_ages` (to learn each actor's age) and `estimate_advantages` (to write
-    the update's rows after it); returns nothing, leaves what they compute as it was."""
+    """Wrap `module`'s `PolicyBuffer.sample_ages` (to learn each actor's age), `estimate_advantages` (to measure the
+    batch before any step), its update step (to follow the log-std through the epochs) and `PolicyBuffer.push` (to
+    write the update's rows once its epochs are done); returns nothing, leaves what they compute as it was."""
     sample_ages, estimate_advantages = module.PolicyBuffer.sample_ages, module.estimate_advantages
-    state = dict(ages=None, update=0, step=0, current=None)
+    push, compiled_or_eager = module.PolicyBuffer.push, module.compiled_or_eager
+    state = dict(ages=None, update=0, step=0, current=None, rows=None, logstd_sums=[])
 
     def recording_sample_ages(self, num_actors, rng):
         state["ages"], groups = sample_ages(self, num_actors, rng)
@@ -125,13 +130,37 @@ def instrument(module, writer):
         estimates = estimate_advantages(agent, b, args)
         state["update"] += 1
         state["step"] += args.batch_size
-        for row in age_rows(module, agent, b, estimates, state["ages"], args, state["previous"]):
+        state["rows"] = age_rows(module, agent, b, estimates, state["ages"], args, state["previous"])
+        state["logstd_sums"] = [agent.actor.logstd.sum().item()]
+        state["steps_per_epoch"] = args.num_minibatches
+        return estimates
+
+    def followed(step, enabled):  # the step as the script would run it, then the log-std's sum, outside of it
+        update = compiled_or_eager(step, enabled)
+
+        def update_and_follow(params, *rest):
+            stats = update(params, *rest)
+            state["logstd_sums"].append(params["actor.logstd"].sum().item())
+            return stats
+
+        return update_and_follow
+
+    def writing_push(self, actor):
+        push(self, actor)
+        if state["rows"] is None:  # the initial policy, or a resumed run's snapshots
+            return
+        sums = state["logstd_sums"]  # the entropy is the log-std's sum plus a constant
+        state["rows"][-1].update(entropy_change_first_epoch=sums[min(state["steps_per_epoch"], len(sums) - 1)] - sums[0],
+                                 entropy_change=sums[-1] - sums[0])
+        for row in state["rows"]:
             writer.writerow({"update": state["update"], "step": state["step"],
                              **{k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()}})
-        return estimates
+        state["rows"] = None
 
     module.PolicyBuffer.sample_ages = recording_sample_ages
     module.estimate_advantages = diagnosed_estimate_advantages
+    module.compiled_or_eager = followed
+    module.PolicyBuffer.push = writing_push
 
 
 def main(args: Args, script_flags):
