@@ -988,12 +988,11 @@ def test_bad_input_from_the_command_line_has_no_traceback(tmp_path, tiny_model_d
 
 
 # ---------------------------------------------------------------------------------------------
-# The CPU study's bookkeeping (benchmark/grpo_study.py): no model, no runs
+# The CPU study's bookkeeping (benchmark/grpo/study.py): no model, no runs
 # ---------------------------------------------------------------------------------------------
 def test_grpo_study_grid_rule_and_intervals(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    import grpo_study as study
-    from grpo_tv_calibration import delta_by_rule
+    from benchmark.grpo import study
+    from benchmark.grpo.cpu_task import delta_by_rule
 
     phases = study.grid()
     assert [r.name for r in phases[1][:2]] == ["clip_N8__s1", "clip_N1__s1"]  # δ needs the clip N = 8 runs first
@@ -1018,8 +1017,7 @@ def test_grpo_study_grid_rule_and_intervals(tmp_path):
 
 
 def test_gpu_smoke_checks_report_rounding_at_zero_lag_and_the_delta_rule():
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    import grpo_gpu_smoke as smoke
+    from benchmark.grpo import gpu_smoke as smoke
 
     fresh = dict(staleness=0, first_max_abs_log_ratio=0.0, first_tv=0.0)
     results = [dict(fresh, loss="clip", stale_tvs=[0.004, 0.0012, 0.03]),
@@ -1036,10 +1034,10 @@ def test_gpu_smoke_checks_report_rounding_at_zero_lag_and_the_delta_rule():
 
 @pytest.mark.floatfree
 def test_gpu_smoke_command_on_the_cpu(tmp_path):
-    """benchmark/grpo_gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8 and
+    """benchmark/grpo/gpu_smoke.py with a tiny random model on the CPU: one step of each loss at N = 8 and
     of vaco at S = 4, its table and JSON in --out-dir, and the time budget that stops it starting another run;
     then three steps at S = 2, where the backward lag shows from the second step on."""
-    smoke = [sys.executable, str(ROOT / "benchmark" / "grpo_gpu_smoke.py"), "--tiny", "--device", "cpu",
+    smoke = [sys.executable, str(ROOT / "benchmark" / "grpo" / "gpu_smoke.py"), "--tiny", "--device", "cpu",
              "--num-steps", "1", "--extra", "--num-threads 1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("OUT", None)

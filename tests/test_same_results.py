@@ -2,7 +2,7 @@
 tiny updates, against those of the scripts as of the commit REFERENCE, run here, on this machine,
 with the same seeds and flags, and compared exactly. A change that moves any number (a reordered
 sum, a statistic computed another way) fails here: `test_a_reordered_sum_fails_it` shows it.
-The cases are the study's algorithms (benchmark/study.py), with lag and a large step so that stale
+The cases are the study's algorithms (benchmark/study/presets.py), with lag and a large step so that stale
 snapshots, V-trace's ratios, PPO's clip and VACO's filter all act.
 
 Where the git history is not at hand (a copied folder, a shallow clone), the runs are compared with
@@ -11,7 +11,6 @@ differently in the last bits, and over two updates a clip or filter decision at 
 RECORDED is held only to what rounding cannot reach (LOOSE): a smaller difference is a warning, never
 a failure. A deliberate change of numerics moves REFERENCE to its commit and records the numbers again."""
 
-import os
 import sys
 import warnings
 
@@ -22,11 +21,9 @@ import geppo_continuous
 import ppo_continuous
 import spo_continuous
 import vaco_continuous
-from conftest import ROOT, TINY, cli_flags
+from benchmark.common import import_script, script_at  # the scripts as of another commit
+from conftest import TINY, cli_flags
 from test_vaco_async import SCRIPT, launch, run_scalars  # noqa: F401 (launch: a fixture)
-
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-from study import import_script, script_at  # noqa: E402 (the scripts as of another commit)
 
 # the scripts' last change of numerics: the commit that added geppo_continuous.py, whose other scripts give the
 # numbers of 91692b6, the last that changed theirs

@@ -1,15 +1,11 @@
 """The speed benchmarks' own logic: rollout_cost.py's timers and arithmetic, and sps.py's copy of CleanRL's
 script patched for gymnasium 1.x (the timings themselves are measured by running the benchmarks)."""
 
-import os
-import sys
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark"))
-import rollout_cost  # noqa: E402
-import sps  # noqa: E402
+from benchmark.speed import rollout_cost, sps
 
 pytestmark = pytest.mark.floatfree  # timers, file patching: no float computed by torch
 

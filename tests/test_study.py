@@ -1,4 +1,4 @@
-"""The study runner (benchmark/study.py) and its analysis (benchmark/analyze.py), on small
+"""The study runner (benchmark/study/run.py) and its analysis (benchmark/study/analyze.py), on small
 synthetic results whose scores and aggregates are known, and one tiny real run."""
 
 import collections
@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 import tyro
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark"))
-import analyze  # noqa: E402
-import study  # noqa: E402
+from benchmark.study import analyze
+from benchmark.study import run as study
 
 pytestmark = pytest.mark.floatfree  # the runner, and the analysis in numpy of results it is given
 
@@ -706,10 +705,10 @@ def test_study_bad_input(overrides, message):
         study.main(study.Args(**overrides))
 
 
-# --- benchmark/script_curves.py: one script's learning curves, for its page ---------------------
+# --- benchmark/study/script_curves.py: one script's learning curves, for its page ---------------------
 
 def test_script_curves_draw_the_script_at_its_defaults(tmp_path, saved):
-    import script_curves
+    from benchmark.study import script_curves
     from PIL import Image
 
     folder = str(tmp_path / "study")
@@ -766,7 +765,7 @@ def test_script_curves_draw_the_script_at_its_defaults(tmp_path, saved):
 # --- random-policy scores -----------------------------------------------------------------------
 
 def test_random_scores_meet_their_precision_against_ppo_and_are_measured_once(tmp_path, capsys):
-    import random_scores
+    from benchmark.study import random_scores
 
     folder = str(tmp_path)
     write_run(folder, "Reacher-v4", "ppo", 1, 1, [-5.0] * 10)  # PPO's final return: -5
@@ -790,20 +789,24 @@ def test_random_scores_meet_their_precision_against_ppo_and_are_measured_once(tm
     assert analyze.load_random_scores(folder)["Reacher-v4"]["mean"] == -43.0
 
 
-def benchmark_imports(sources):
-    """{module: {sibling modules it imports anywhere, even inside a function}} of {module: source}."""
+def imported_names(source):
+    """The dotted names a source imports anywhere, even inside a function (`from benchmark.study import analyze`:
+    benchmark.study and benchmark.study.analyze)."""
     import ast
 
-    graph = {}
-    for module, source in sources.items():
-        imported = set()
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Import):
-                imported |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                imported.add(node.module.split(".")[0])
-        graph[module] = imported & set(sources) - {module}
-    return graph
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def benchmark_imports(sources):
+    """{module: {modules of `sources` it imports}} of {dotted module name: source}."""
+    return {module: {name for name in imported_names(source) if name in sources} - {module}
+            for module, source in sources.items()}
 
 
 def import_cycle(graph):
@@ -824,23 +827,34 @@ def import_cycle(graph):
     return next(filter(None, map(visit, sorted(graph))), None)
 
 
-def test_benchmark_scripts_import_each_other_one_way_only():
-    folder = os.path.dirname(analyze.__file__)
+def benchmark_sources():
+    """{dotted module name: source} of every Python file under benchmark/."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sources = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
-            with open(os.path.join(folder, name)) as f:
-                sources[name[: -len(".py")]] = f.read()
+    for folder, _, names in os.walk(os.path.join(root, "benchmark")):
+        for name in sorted(names):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    sources[os.path.relpath(path, root)[: -len(".py")].replace(os.sep, ".")] = f.read()
+    return sources
+
+
+def test_each_room_of_benchmark_imports_its_own_modules_and_the_common_one_only():
+    sources = benchmark_sources()
     graph = benchmark_imports(sources)
-    assert "analyze" in graph["random_scores"] and "random_scores" not in graph["analyze"]
+    assert "benchmark.study.analyze" in graph["benchmark.study.random_scores"]
     assert import_cycle(graph) is None, " -> ".join(import_cycle(graph))
+    for module, imported in graph.items():
+        room = module.split(".")[1]
+        assert all(name == "benchmark.common" or name.split(".")[1] == room for name in imported), (module, imported)
     # the check itself finds a circle, even one through an import inside a function
-    circle = {"a": "import b\n", "b": "def f():\n    from c import x\n", "c": "import a.sub\n"}
+    circle = {"a": "import b\n", "b": "def f():\n    from c import x\n", "c": "import a\n"}
     assert import_cycle(benchmark_imports(circle)) == ["a", "b", "c", "a"]
 
 
 def test_random_scores_bad_input(tmp_path):
-    import random_scores
+    from benchmark.study import random_scores
 
     with pytest.raises(SystemExit, match="not a folder"):
         random_scores.main(random_scores.Args(str(tmp_path / "missing")))

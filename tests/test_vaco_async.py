@@ -438,8 +438,7 @@ def test_a_healthy_actor_takes_its_start_up_message_though_another_is_killed_eve
     # actor 1 is killed as soon as the learner's hand-out returns, while actor 3 is slow to take its
     # message: with the point-to-point hand-out actor 3 never needs actor 1. (gloo's broadcast, used
     # before, relayed actor 3's message through actor 1 and lost it in 2 of 8 such trials.)
-    sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-    import gloo_startup_race
+    from benchmark.asynchrony import gloo_startup_race
 
     for _ in range(3):
         assert gloo_startup_race.trial("p2p") == {0: "ok", 2: "ok", 3: "ok"}

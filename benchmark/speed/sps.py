@@ -7,12 +7,12 @@ update settings (by default CleanRL's ppo_continuous_action: 1 env, 2048 steps, 
 update to the end of the last: start-up and the one-off compile left out). Medians over repeats;
 ratios are what to compare across machines.
 
-    python benchmark/sps.py --env-id Ant-v4 --scripts ppo_continuous.py vaco_continuous.py
+    python benchmark/speed/sps.py --env-id Ant-v4 --scripts ppo_continuous.py vaco_continuous.py
 
 A script entry may carry its own flags, e.g. the asynchronous script with 1 and 2 actor processes
 at the synchronous scripts' defaults (8 envs x 256 steps, split across the actors):
 
-    python benchmark/sps.py --env-id Ant-v4 --num-envs 8 --num-steps 256 \\
+    python benchmark/speed/sps.py --env-id Ant-v4 --num-envs 8 --num-steps 256 \\
         --scripts vaco_continuous.py "vaco_async.py --num-actors 1" "vaco_async.py --num-actors 2"
 
 For vaco_async.py it also reports the share of time the learner waited for data and the actors
@@ -23,7 +23,7 @@ vCPUs share one physical core gives about 1). CleanRL's own ppo_continuous_actio
 them with --cleanrl: it takes the same flags, and runs from a temporary copy patched for gymnasium 1.x
 (the two places listed in CLEANRL_PATCHES, nothing else):
 
-    python benchmark/sps.py --env-id Ant-v4 --scripts ppo_continuous.py "ppo_continuous.py --no-compile" \
+    python benchmark/speed/sps.py --env-id Ant-v4 --scripts ppo_continuous.py "ppo_continuous.py --no-compile" \
         --cleanrl ~/cleanrl/cleanrl/ppo_continuous_action.py
 
 Any other script outside the repository can be timed too (an absolute path), with the Python that runs
@@ -41,12 +41,14 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import gymnasium as gym
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import ROOT  # noqa: E402
 
 
 @dataclass

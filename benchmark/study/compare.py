@@ -1,7 +1,7 @@
 """Two folders of study runs side by side, cell by cell (task, algorithm, K): the final return of
 each, and whether each folder's mean lies inside the other's 95 % interval of the mean.
 
-    python benchmark/compare_studies.py benchmark/results/cpu-1m benchmark/results/cpu-1m-compiled \\
+    python benchmark/study/compare.py benchmark/results/cpu-1m benchmark/results/cpu-1m-compiled \\
         --names eager compiled
 
 Final return: the mean return of the episodes in the last 10 % of a run's env steps (as analyze.py
@@ -13,13 +13,14 @@ import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tyro
 from scipy import stats
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from analyze import load_runs, run_scores  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.study.analyze import load_runs, run_scores  # noqa: E402
 
 
 @dataclass

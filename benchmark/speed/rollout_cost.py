@@ -1,9 +1,9 @@
 """Where an env step's time goes: µs per env step of each part of the MuJoCo scripts' rollout, and of
 their update, at CleanRL's layout (1 env x 2048 steps) and at the scripts' defaults (8 envs x 256 steps).
 
-    python benchmark/rollout_cost.py --env-id Ant-v4
-    python benchmark/rollout_cost.py --env-id Ant-v4 --against 5b8a53f        # beside that commit's scripts
-    python benchmark/rollout_cost.py --env-id Ant-v4 --no-compile --layouts 1x2048
+    python benchmark/speed/rollout_cost.py --env-id Ant-v4
+    python benchmark/speed/rollout_cost.py --env-id Ant-v4 --against 5b8a53f        # beside that commit's scripts
+    python benchmark/speed/rollout_cost.py --env-id Ant-v4 --no-compile --layouts 1x2048
 
 Each script trains for a few updates in this process, through its own `main`, with a timer around each
 part that its rollout calls. The parts, in µs per env step:
@@ -34,16 +34,16 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from sps import raw_env_rate  # noqa: E402 (sibling scripts of this folder)
-from study import import_script, script_at  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import ROOT, import_script, script_at  # noqa: E402
+from benchmark.speed.sps import raw_env_rate  # noqa: E402
 
 PARTS = ["env", "vector env", "policy", "normalisation", "bookkeeping"]
 COLUMNS = PARTS + ["rollout", "update", "per update", "total"]

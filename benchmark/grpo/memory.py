@@ -7,11 +7,12 @@ memory just before the pass; `--autocast bf16` runs the pass under CPU bf16 auto
 a GPU run. Each measurement runs in a fresh process. `--baseline-rev REV` also measures the script as
 it was at git revision REV, for a before/after table.
 
-    python benchmark/grpo_memory.py --baseline-rev 4b6add0
+    python benchmark/grpo/memory.py --baseline-rev 4b6add0
 
 Writes benchmark/results/grpo_memory.md (or `--out`)."""
 import argparse
 import json
+import os
 import resource
 import shlex
 import subprocess
@@ -20,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from study import import_script, script_at  # a sibling script of this folder
-
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import RESULTS, ROOT, import_script, script_at  # noqa: E402
 
 
 def measure(script: str, autocast: str, rows: int, prompt_len: int, completion_len: int, hidden: int, layers: int,
@@ -77,7 +77,7 @@ def main():
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--autocast", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "grpo_memory.md"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "grpo_memory.md"))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     shape = dict(rows=a.rows, prompt_len=a.prompt_len, completion_len=a.completion_len, hidden=a.hidden,
@@ -87,7 +87,7 @@ def main():
         print(json.dumps(measure(script, autocast, **shape)))
         return
 
-    scripts = [("this version", str(ROOT / "grpo_vaco_gsm8k.py"))]
+    scripts = [("this version", os.path.join(ROOT, "grpo_vaco_gsm8k.py"))]
     if a.baseline_rev:
         old = script_at(a.baseline_rev, "grpo_vaco_gsm8k.py", tempfile.mkdtemp())
         if old is None:
@@ -95,7 +95,7 @@ def main():
                      "is not at hand)")
         scripts.insert(0, (f"revision {a.baseline_rev}", old))
     lines = ["# Peak memory of one training micro-batch (grpo_vaco_gsm8k.py `completion_logprobs`, forward + backward)", "",
-             "Command: `" + shlex.join(["python", "benchmark/grpo_memory.py", *sys.argv[1:]]) + "`", "",
+             "Command: `" + shlex.join(["python", "benchmark/grpo/memory.py", *sys.argv[1:]]) + "`", "",
              f"Model: random Qwen2, vocabulary 151,936 (Qwen2.5's), hidden {a.hidden}, {a.layers} layers, activation "
              f"checkpointing on. Micro-batch: {a.rows} sequences of {a.prompt_len} prompt + {a.completion_len} completion "
              f"tokens, T = 0.7. Device: {a.device}" + (", one thread; peak = growth of the peak resident memory over the "

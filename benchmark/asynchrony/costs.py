@@ -13,23 +13,22 @@ min(N / t_act, 1 / t_learn, 1 / t_msg): actors add throughput until the learner 
 N* = t_act / t_learn actors; past it they wait (backpressure) and the lag grows towards
 1 + --queue-batches versions.
 
-    python benchmark/async_costs.py --env-id HalfCheetah-v4
+    python benchmark/asynchrony/costs.py --env-id HalfCheetah-v4
 """
 
 import datetime
-import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 import vaco_async as va  # noqa: E402
 
 

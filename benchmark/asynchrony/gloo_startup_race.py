@@ -12,8 +12,8 @@ This script makes the race certain. Actor 3 is slow to take its message (2 s: a 
 the learner kills actor 1 as soon as its hand-out returns, as the fault test does on "joined".
 Each healthy rank reports whether its start-up message arrived.
 
-    python benchmark/gloo_startup_race.py                 # both hand-outs, 3 repeats each
-    python benchmark/gloo_startup_race.py --handout p2p   # the point-to-point hand-out vaco_async.py uses
+    python benchmark/asynchrony/gloo_startup_race.py                 # both hand-outs, 3 repeats each
+    python benchmark/asynchrony/gloo_startup_race.py --handout p2p   # the point-to-point hand-out vaco_async.py uses
 
 Measured here (8 trials each, two busy cores): with `broadcast`, actor 3 lost its message in 2 of 8
 ("Read error" from a peer: actor 1's relay killed before actor 3 read it; when the relay's bytes
@@ -28,11 +28,12 @@ import socket
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 import vaco_async  # noqa: E402
 
 

@@ -1,10 +1,10 @@
 """The lag-robustness study: algorithm x policy lag K x task x seed, one subprocess per run.
 
-    python benchmark/study.py --preset cpu                # ~3 h on 2 cores; resumes where it stopped
-    python benchmark/study.py --preset cpu --list         # one shell command per run (for any scheduler)
-    python benchmark/study.py --preset paper --shard 3/100   # the 3rd of 100 slices (e.g. a Slurm array)
-    python benchmark/study.py --preset ten-tasks --time-limit 2h45m   # only runs that can end within it
-    python benchmark/analyze.py benchmark/results/cpu     # aggregates, tables and figures
+    python benchmark/study/run.py --preset cpu                # ~3 h on 2 cores; resumes where it stopped
+    python benchmark/study/run.py --preset cpu --list         # one shell command per run (for any scheduler)
+    python benchmark/study/run.py --preset paper --shard 3/100   # the 3rd of 100 slices (e.g. a Slurm array)
+    python benchmark/study/run.py --preset ten-tasks --time-limit 2h45m   # only runs that can end within it
+    python benchmark/study/analyze.py benchmark/results/cpu     # aggregates, tables and figures
 
 Each run trains one top-level script in a scratch folder, then keeps only a small CSV of its
 learning curve and lag diagnostics (one row per update) and a JSON of its exact command and of the
@@ -23,7 +23,6 @@ end in time, shorter ones first once the next in line would not, and exits when 
 import bisect
 import csv
 import glob
-import importlib.util
 import json
 import os
 import re
@@ -36,12 +35,13 @@ import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmark", "results")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import RESULTS, ROOT  # noqa: E402
 
 # Algorithm name -> (script, extra flags). Every variant spells out the flags it depends on, so
 # that a change of a script's default cannot silently change what a finished run meant.
@@ -297,30 +297,6 @@ def code_version():
     except (OSError, subprocess.CalledProcessError):
         return None
     return dict(commit=commit, modified=modified)
-
-
-def script_at(commit, script, folder):
-    """Write the top-level `script` as of `commit` into `folder`; returns its path, or None where git or
-    that commit is not at hand. For checks of today's scripts against an earlier commit's: same_runs.py,
-    update_step.py --against, grpo_memory.py and tests/test_same_results.py."""
-    try:
-        shown = subprocess.run(["git", "show", f"{commit}:{script}"], cwd=ROOT, capture_output=True, text=True,
-                               check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    path = os.path.join(folder, script)
-    with open(path, "w") as f:
-        f.write(shown.stdout)
-    return path
-
-
-def import_script(path, name):
-    """The script at `path` imported as the module `name`: the scripts stand alone, so another version of
-    one imports beside today's."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def write_meta(run, out_dir, code, **extra):

@@ -2,9 +2,9 @@
 K = 8 on every task a study ran the script on at its defaults, mean over seeds (line) ± one standard
 deviation over seeds (band), one panel per task and K, two panels a row.
 
-    python benchmark/script_curves.py ppo_continuous.py benchmark/results/cpu-1m
-    python benchmark/script_curves.py vaco_continuous.py benchmark/results/cpu-1m --reference ppo_continuous.py
-    python benchmark/script_curves.py spo_continuous.py benchmark/results/cpu --reference ppo_continuous.py
+    python benchmark/study/script_curves.py ppo_continuous.py benchmark/results/cpu-1m
+    python benchmark/study/script_curves.py vaco_continuous.py benchmark/results/cpu-1m --reference ppo_continuous.py
+    python benchmark/study/script_curves.py spo_continuous.py benchmark/results/cpu --reference ppo_continuous.py
 
 Each writes docs/img/curves/<script>.png (`--out` to change it) and prints which runs it drew.
 
@@ -15,7 +15,7 @@ VACO at its defaults `vaco` on some tasks and `vaco-behaviour-0.1` on others, an
 one curve, labelled with the study's name for the script's defaults (`ppo`, `vaco`, `spo`). Runs
 that trained identically (the same command but for `--exp-name`) count once.
 
-The drawing is benchmark/analyze.py's (`curves_figure`): the return of the episodes that ended in
+The drawing is benchmark/study/analyze.py's (`curves_figure`): the return of the episodes that ended in
 each 2 % of a run's env steps (`slice_scores`), in the colours of the study's figures.
 """
 
@@ -25,15 +25,15 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import tyro
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-import analyze  # noqa: E402
-from study import training_command  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import ROOT  # noqa: E402
+from benchmark.study import analyze  # noqa: E402
+from benchmark.study.run import training_command  # noqa: E402
 
 # the study's name for each script at its defaults; analyze.py draws and colours them by these names
 LABELS = {"ppo_continuous.py": "ppo", "vaco_continuous.py": "vaco", "spo_continuous.py": "spo",
@@ -59,8 +59,6 @@ class Args:
 
 def script_defaults(script):
     """(the script imported as a module, {field: value} of its Args at their defaults)."""
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     module = importlib.import_module(script[: -len(".py")])
     return module, dataclasses.asdict(module.Args())
 

@@ -2,8 +2,8 @@
 run eagerly (`--no-compile`), and the textbook eager step it replaces (the module's forward,
 `loss.backward()`, `clip_grad_norm_` and fused `torch.optim.Adam`, around the script's very loss).
 
-    python benchmark/update_step.py --env-id Ant-v4
-    python benchmark/update_step.py --env-id Ant-v4 --against 91692b6   # and that commit's compiled step
+    python benchmark/speed/update_step.py --env-id Ant-v4
+    python benchmark/speed/update_step.py --env-id Ant-v4 --against 91692b6   # and that commit's compiled step
 
 One process, one thread (as the scripts run), a random batch of the task's shapes; the three
 paths run in interleaved blocks, and the medians over blocks are reported with the compile time.
@@ -13,21 +13,20 @@ Ratios are what carry over to other machines.
 import contextlib
 import functools
 import importlib
-import os
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import gymnasium as gym
 import torch
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from study import import_script, script_at  # noqa: E402 (a sibling script of this folder)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import import_script, script_at  # noqa: E402
 
 
 @dataclass

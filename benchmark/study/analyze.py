@@ -1,8 +1,8 @@
-"""Analysis of a lag-robustness study (benchmark/study.py): normalised scores, rliable aggregates with
+"""Analysis of a lag-robustness study (benchmark/study/run.py): normalised scores, rliable aggregates with
 stratified-bootstrap intervals, probability of improvement, a Markdown report and figures.
 
-    python benchmark/analyze.py benchmark/results/cpu
-    python benchmark/analyze.py benchmark/results/cpu --figures-dir docs/img/study_cpu
+    python benchmark/study/analyze.py benchmark/results/cpu
+    python benchmark/study/analyze.py benchmark/results/cpu --figures-dir docs/img/study_cpu
 
 Scores (per run, from its CSV of per-update episode returns):
 - the run is cut into 10 equal slices of env steps; a slice's score is the mean return of the
@@ -11,7 +11,7 @@ Scores (per run, from its CSV of per-update episode returns):
   i.e. the normalised area under the learning curve (early learning counts too).
 Normalisation per task: (score - random policy) / (PPO K=1 mean - random policy), so 0 is a
 uniformly random policy and 1.0 is "as good as synchronous PPO" on that task. The random policy's
-return is measured here (uniform actions, seed 0; benchmark/random_scores.py) and stored beside the
+return is measured here (uniform actions, seed 0; benchmark/study/random_scores.py) and stored beside the
 results in `random_scores.json`.
 
 Aggregates (rliable): median, IQM, mean and optimality gap over all runs x tasks, with 95%
@@ -28,12 +28,14 @@ import warnings
 from collections import defaultdict
 from contextlib import closing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import tyro
 
-from study import DELTAS, FOLDERS, PRESETS, grid  # a sibling script of this folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.study.run import DELTAS, FOLDERS, PRESETS, grid  # noqa: E402
 
 SLICES = 10
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
@@ -830,7 +832,7 @@ def main(args: Args):
     if not runs:
         sys.exit(f"error: no finished runs (JSON + CSV) in {args.results_dir}")
     tasks_all = sorted({meta["task"] for meta, _ in runs})
-    # measured once per task and stored beside the results (benchmark/random_scores.py sets the precision)
+    # measured once per task and stored beside the results (benchmark/study/random_scores.py sets the precision)
     stored = load_random_scores(args.results_dir)
     entries = update_random_scores(args.results_dir, [t for t in tasks_all if t not in stored], ppo_references(runs))
     randoms = {task: entry["mean"] for task, entry in entries.items()}

@@ -8,7 +8,7 @@ the final return (mean of the last `--window` episodes), the lag the asynchronou
 the time each run took to reach the synchronous runs' final return (mean over their seeds) with
 its rolling mean; and a figure of the rolling mean return against wall-clock minutes.
 
-    python benchmark/async_wallclock.py --env-id Hopper-v4 --total-timesteps 300000 --seeds 1 2
+    python benchmark/asynchrony/wallclock.py --env-id Hopper-v4 --total-timesteps 300000 --seeds 1 2
 
 Finished runs are listed in `<out-dir>/runs.json` with the settings and not run again: run it in
 pieces, or rerun it to redo the report only. Nothing else may use the cores meanwhile, or the
@@ -22,12 +22,14 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import ROOT  # noqa: E402
 DIAGNOSTICS = {"charts/backward_tv": "backward TV", "losses/filter_on_fraction": "filter on",
                "losses/filtered_fraction": "detached", "losses/approx_kl": "approx KL"}
 

@@ -1,8 +1,8 @@
 """vaco_async.py's fault tests, many times over, on a loaded machine: the check that one actor's death
 never takes a healthy actor with it, however the processes are scheduled.
 
-    python benchmark/async_fault_load.py                      # 20 runs of each test, every core busy
-    python benchmark/async_fault_load.py --repeats 5 --busy 0 --no-churn   # a quick look on a quiet machine
+    python benchmark/asynchrony/fault_load.py                      # 20 runs of each test, every core busy
+    python benchmark/asynchrony/fault_load.py --repeats 5 --busy 0 --no-churn   # a quick look on a quiet machine
 
 For each repeat, each fault test runs in a pytest process of its own. Meanwhile:
 - `--busy` busy-looping Python processes (default: one per core) keep every core busy, niced to 19 so
@@ -23,8 +23,11 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import ROOT  # noqa: E402
+
 TESTS = {  # name: pytest node id (the kill test takes its four kill timings in turn)
     "kill": "tests/test_vaco_async.py::test_a_killed_actor_is_lost_and_the_run_goes_on_every_time[{attempt}]",
     "silent": "tests/test_vaco_async.py::test_a_silent_actor_is_dismissed_and_the_run_goes_on",

@@ -1,7 +1,7 @@
 """Random-policy returns, the 0 of the study's normalised scores, measured per task and stored beside
 the results as random_scores.json.
 
-    python benchmark/random_scores.py benchmark/results/ten-tasks
+    python benchmark/study/random_scores.py benchmark/results/ten-tasks
 
 A uniformly random policy (actions drawn from the action space, seeded 0; episode i reset with seed i)
 plays episodes of each task that the folder's runs trained on, until the standard error of its mean
@@ -16,10 +16,12 @@ them: the measurement is deterministic).
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import tyro
 
-from analyze import load_runs, ppo_references, update_random_scores  # a sibling script of this folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.study.analyze import load_runs, ppo_references, update_random_scores  # noqa: E402
 
 
 @dataclass

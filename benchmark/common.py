@@ -1,0 +1,43 @@
+"""What every room of benchmark/ shares: where the repository and its results are, and a script loaded beside
+today's (as it is, or as of a commit).
+
+A script of a room is run as a file (`python benchmark/study/run.py ...`) and imports this module, and its room's,
+after one line that puts the repository root on the path:
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+    from benchmark.common import ROOT, import_script
+
+The tests import them the same way (pytest.ini puts the repository root on the path); nothing here imports tests/.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmark", "results")
+
+
+def script_at(commit, script, folder):
+    """Write the top-level `script` as of `commit` into `folder`; returns its path, or None where git or that commit
+    is not at hand. For checks of today's scripts against an earlier commit's: study/same_runs.py,
+    speed/update_step.py and speed/rollout_cost.py --against, grpo/memory.py and tests/test_same_results.py."""
+    try:
+        shown = subprocess.run(["git", "show", f"{commit}:{script}"], cwd=ROOT, capture_output=True, text=True,
+                               check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    path = os.path.join(folder, script)
+    with open(path, "w") as f:
+        f.write(shown.stdout)
+    return path
+
+
+def import_script(path, name):
+    """The script at `path` imported as the module `name`: the scripts stand alone, so another version of one
+    imports beside today's."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
