@@ -1,15 +1,16 @@
-"""What every room of benchmark/ shares: where the repository and its results are, and a script loaded beside
-today's (as it is, or as of a commit).
+"""What every room of benchmark/ shares: where the repository and its results are, one reader of a run's
+TensorBoard log, one writer of a CSV of rows, and a script loaded beside today's (as it is, or as of a commit).
 
 A script of a room is run as a file (`python benchmark/study/run.py ...`) and imports this module, and its room's,
 after one line that puts the repository root on the path:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-    from benchmark.common import ROOT, import_script
+    from benchmark.common import read_scalars
 
 The tests import them the same way (pytest.ini puts the repository root on the path); nothing here imports tests/.
 """
 
+import csv
 import importlib.util
 import os
 import subprocess
@@ -17,6 +18,32 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmark", "results")
+
+
+def tensorboard_log(run_dir):
+    """One run's TensorBoard log, read whole (every scalar event kept): `.Tags()`, `.Scalars(tag)` (events with
+    `.step`, `.wall_time`, `.value`, in logging order), `.Tensors(tag)`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    return EventAccumulator(str(run_dir), size_guidance={"scalars": 0}).Reload()
+
+
+def read_scalars(run_dir, field="value"):
+    """{tag: [one field of each event, in logging order]} of every scalar of one run's TensorBoard log: the values
+    logged, or with field="step" the steps they were logged at, with field="wall_time" the times."""
+    log = tensorboard_log(run_dir)
+    return {tag: [getattr(event, field) for event in log.Scalars(tag)] for tag in log.Tags()["scalars"]}
+
+
+def write_csv(path, rows, columns, digits=5):
+    """Rows ({column: value}; a missing column is left empty) as a CSV with `columns` in that order, floats to
+    `digits` significant figures. Written to a temporary file first: a CSV that exists is whole."""
+    with open(path + ".tmp", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.{digits}g}" if isinstance(v, float) else v) for k, v in row.items()})
+    os.replace(path + ".tmp", path)
 
 
 def script_at(commit, script, folder):

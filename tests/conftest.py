@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from benchmark.common import read_scalars  # the one reader of a run's TensorBoard log (tests import it from here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,13 +23,6 @@ def cli_flags(**settings):
         name = key.replace("_", "-")
         flags += [f"--{name}" if value else f"--no-{name}"] if isinstance(value, bool) else [f"--{name}", str(value)]
     return flags
-
-
-def read_scalars(run_dir):
-    """{tag: [values in logging order]} of one TensorBoard run."""
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [event.value for event in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 @pytest.fixture

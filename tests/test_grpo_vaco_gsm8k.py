@@ -18,6 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import grpo_vaco_gsm8k as g  # noqa: E402
+from benchmark.common import read_scalars, tensorboard_log  # noqa: E402
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
@@ -653,11 +654,7 @@ def _staleness_run(model_dir, jsonl_path, monkeypatch, tmp_path, staleness, loss
                      eval_size=2, eval_every=0, eval_before=False, final_eval=False)
     result = g.main(args)
     (run_dir,) = (tmp_path / "runs").glob(f"*S{staleness}__*")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir)).Reload()
-    scalars = {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    return args, states, batches, scalars, result
+    return args, states, batches, read_scalars(run_dir), result
 
 
 def test_staleness_trains_on_the_batch_of_the_policy_s_steps_back(tiny_model_dir, jsonl_path, monkeypatch, tmp_path):
@@ -868,9 +865,8 @@ def test_smoke_run_logs_and_saves(tiny_model_dir, jsonl_path, tmp_path):
     (run_dir,) = (tmp_path / "runs").glob("gsm8k__*")
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
     from transformers import AutoModelForCausalLM
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run_dir)).Reload()
+    events = tensorboard_log(run_dir)
     for tag in ("charts/reward_mean", "eval/accuracy", "losses/tv", "losses/filtered_fraction", "losses/clip_fraction",
                 "losses/clip_fraction_low", "losses/clip_fraction_high", "losses/filter_on_fraction", "losses/kl",
                 "losses/entropy", "lag/tv_minibatch_1", "lag/filter_on_minibatch_1", "lag/clip_fraction_minibatch_1",
@@ -894,9 +890,7 @@ def test_final_evaluation_on_the_whole_test_split(tiny_model_dir, monkeypatch, t
                      answer_extraction="flexible")
     result = g.main(args)
     (run_dir,) = (tmp_path / "runs").glob("gsm8k__*")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir)).Reload()
+    events = tensorboard_log(run_dir)
     assert [e.step for e in events.Scalars("eval/accuracy")] == [0, 1]
     assert [e.value for e in events.Scalars("eval/accuracy_full_test")] == pytest.approx([result["accuracy_full_test"]])
     assert "eval/samples_full_test/text_summary" in events.Tags()["tensors"]

@@ -4,16 +4,14 @@ the log-std gradient sums to the parameter's gradient, and its per-update number
 import csv
 import glob
 import os
-import sys
 
 import pytest
 import torch
 
 import ppo_continuous as ppo
+from benchmark.common import write_csv
+from benchmark.study import lag_by_age
 from conftest import ROOT, TINY, read_scalars
-
-sys.path.insert(0, os.path.join(ROOT, "benchmark", "study"))
-import lag_by_age  # noqa: E402
 
 SETTINGS = dict(TINY, total_timesteps=512, policy_buffer=3, clip_reference="proximal")  # 4 updates, ages 0-2
 
@@ -23,11 +21,10 @@ def instrumented(tmp_path, monkeypatch):
     """The rows of an instrumented run of ppo_continuous.py at SETTINGS, and its TensorBoard scalars."""
     monkeypatch.chdir(tmp_path)
     module = lag_by_age.import_script(os.path.join(ROOT, "ppo_continuous.py"), "ppo_continuous_instrumented")
-    with open("ages.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=lag_by_age.COLUMNS)
-        writer.writeheader()
-        lag_by_age.instrument(module, writer)
-        module.main(module.Args(**SETTINGS))
+    rows = []
+    lag_by_age.instrument(module, rows)
+    module.main(module.Args(**SETTINGS))
+    write_csv("ages.csv", rows, lag_by_age.COLUMNS)
     (run_dir,) = glob.glob("runs/*")
     with open("ages.csv") as f:
         return list(csv.DictReader(f)), read_scalars(run_dir)

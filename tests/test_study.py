@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tyro
 
+from benchmark.common import write_csv
 from benchmark.study import analyze
 from benchmark.study import run as study
 
@@ -28,7 +29,7 @@ def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000, 
     episodes = episodes or [1] * len(returns)
     rows = [{"step": steps_per_update * (i + 1), "episodes": n, "return_mean": float(r) if n else ""}
             for i, (r, n) in enumerate(zip(returns, episodes))]
-    study.write_csv(os.path.join(folder, run.name + ".csv"), rows)
+    write_csv(os.path.join(folder, run.name + ".csv"), rows, study.COLUMNS)
     with open(os.path.join(folder, run.name + ".json"), "w") as f:
         json.dump(dict(command=run.portable_command(), task=task, algorithm=algorithm, k=k, seed=seed,
                        total_timesteps=run.steps, **meta), f)
@@ -226,7 +227,7 @@ def write_csv_columns(folder, task, algorithm, seed, k=8, **columns):
     for name, values in columns.items():
         for row, value in zip(rows, values):
             row[name] = value
-    study.write_csv(path, rows)
+    write_csv(path, rows, study.COLUMNS)
 
 
 def trust_region_folder(tmp_path):
@@ -840,7 +841,7 @@ def benchmark_sources():
     return sources
 
 
-def test_each_room_of_benchmark_imports_its_own_modules_and_the_common_one_only():
+def test_each_folder_of_benchmark_imports_its_own_modules_and_the_common_one_only():
     sources = benchmark_sources()
     graph = benchmark_imports(sources)
     assert "benchmark.study.analyze" in graph["benchmark.study.random_scores"]
@@ -848,6 +849,8 @@ def test_each_room_of_benchmark_imports_its_own_modules_and_the_common_one_only(
     for module, imported in graph.items():
         room = module.split(".")[1]
         assert all(name == "benchmark.common" or name.split(".")[1] == room for name in imported), (module, imported)
+    for module, source in sources.items():  # the tests import benchmark code; benchmark never imports the tests
+        assert not {name.split(".")[0] for name in imported_names(source)} & {"tests", "conftest"}, module
     # the check itself finds a circle, even one through an import inside a function
     circle = {"a": "import b\n", "b": "def f():\n    from c import x\n", "c": "import a\n"}
     assert import_cycle(benchmark_imports(circle)) == ["a", "b", "c", "a"]

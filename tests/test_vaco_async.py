@@ -610,20 +610,12 @@ def worker_rank(pid):
 
 
 def event_wall_times(tmp_path, tag, exp_name="vaco_async"):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     (run_dir,) = glob.glob(f"{tmp_path}/runs/*__{exp_name}__*")
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return [event.wall_time for event in acc.Scalars(tag)]
+    return read_scalars(run_dir, "wall_time")[tag]
 
 
 def event_steps(run_dir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return [event.step for event in acc.Scalars(tag)]
+    return read_scalars(run_dir, "step")[tag]
 
 
 @pytest.mark.floatfree

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import tyro
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import ROOT  # noqa: E402
+from benchmark.common import ROOT, read_scalars  # noqa: E402
 DIAGNOSTICS = {"charts/backward_tv": "backward TV", "losses/filter_on_fraction": "filter on",
                "losses/filtered_fraction": "detached", "losses/approx_kl": "approx KL"}
 
@@ -76,14 +75,6 @@ def run_once(name, command, seed, out_dir):
     return {"name": name, "seed": seed, "start": start, "end": end, "run_dir": os.path.join("runs", run_dir)}
 
 
-def scalars(run_dir, tag):
-    """(wall times, values) of one tag of a TensorBoard run."""
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    events = acc.Scalars(tag) if tag in acc.Tags()["scalars"] else []
-    return np.array([e.wall_time for e in events]), np.array([e.value for e in events])
-
-
 def rolling_mean(values, window):
     """Trailing mean over `window` values, defined from the window-th value on."""
     if len(values) < window:
@@ -97,12 +88,13 @@ def analyse(records, args):
     out = []
     for record in records:
         run_dir = os.path.join(args.out_dir, record["run_dir"])
-        times, returns = scalars(run_dir, "charts/episodic_return")
-        _, lag_mean = scalars(run_dir, "charts/policy_lag_mean")
-        _, lag_max = scalars(run_dir, "charts/policy_lag_max")
+        values, wall_times = read_scalars(run_dir), read_scalars(run_dir, "wall_time")
+        series = lambda tag: np.array(values.get(tag, []))  # noqa: E731
+        times, returns = np.array(wall_times.get("charts/episodic_return", [])), series("charts/episodic_return")
+        lag_mean, lag_max = series("charts/policy_lag_mean"), series("charts/policy_lag_max")
         curve = rolling_mean(returns, args.window)
         # how the lag shows in the update: means over the run's updates
-        diagnostics = {tag: float(np.mean(scalars(run_dir, tag)[1])) for tag in DIAGNOSTICS}
+        diagnostics = {tag: float(np.mean(series(tag))) for tag in DIAGNOSTICS}
         out.append({**record, **diagnostics, "minutes": (record["end"] - record["start"]) / 60,
                     "sps": args.total_timesteps / (record["end"] - record["start"]),
                     "final": float(returns[-args.window:].mean()), "lag_mean": float(lag_mean.mean()),

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS  # noqa: E402
+from benchmark.common import RESULTS, read_scalars  # noqa: E402
 from benchmark.grpo.cpu_task import unique_problems  # noqa: E402
 
 CHATML = (
@@ -94,23 +94,20 @@ def loadable(model_id: str) -> bool:
 
 def summarise(run_dir: str, n: int) -> dict:
     """Means over the steps of a run's TensorBoard log."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0}).Reload()
-    values = lambda tag: [e.value for e in events.Scalars(tag)]  # noqa: E731
-    out = {key: statistics.mean(values(f"perf/{key}")) for key in ("gen_tokens_per_s", "train_tokens_per_s")}
-    out.update(peak_memory_gib=max(values("perf/peak_memory_gib")), steps=len(values("charts/reward_mean")),
-               tv_backward=values("lag/tv_backward"),
-               completion_length=statistics.mean(values("charts/completion_length")),
-               reward=statistics.mean(values("charts/reward_mean")),
-               tv=[statistics.mean(values(f"lag/tv_minibatch_{k}")) for k in range(n)],
-               stale_tvs=[tv for k in range(1, n) for tv in values(f"lag/tv_minibatch_{k}")],
-               first_max_abs_log_ratio=values("lag/max_abs_log_ratio_minibatch_0")[0],
-               first_tv=values("lag/tv_minibatch_0")[0],
-               filter_on=[statistics.mean(values(f"lag/filter_on_minibatch_{k}")) for k in range(n)],
-               filtered=statistics.mean(values("losses/filtered_fraction")),
-               clipped=statistics.mean(values("losses/clip_fraction")),
-               masked=statistics.mean(values("losses/masked_fraction")))
+    values = read_scalars(run_dir)
+    out = {key: statistics.mean(values[f"perf/{key}"]) for key in ("gen_tokens_per_s", "train_tokens_per_s")}
+    out.update(peak_memory_gib=max(values["perf/peak_memory_gib"]), steps=len(values["charts/reward_mean"]),
+               tv_backward=values["lag/tv_backward"],
+               completion_length=statistics.mean(values["charts/completion_length"]),
+               reward=statistics.mean(values["charts/reward_mean"]),
+               tv=[statistics.mean(values[f"lag/tv_minibatch_{k}"]) for k in range(n)],
+               stale_tvs=[tv for k in range(1, n) for tv in values[f"lag/tv_minibatch_{k}"]],
+               first_max_abs_log_ratio=values["lag/max_abs_log_ratio_minibatch_0"][0],
+               first_tv=values["lag/tv_minibatch_0"][0],
+               filter_on=[statistics.mean(values[f"lag/filter_on_minibatch_{k}"]) for k in range(n)],
+               filtered=statistics.mean(values["losses/filtered_fraction"]),
+               clipped=statistics.mean(values["losses/clip_fraction"]),
+               masked=statistics.mean(values["losses/masked_fraction"]))
     return out
 
 

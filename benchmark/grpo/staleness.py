@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS, ROOT  # noqa: E402
+from benchmark.common import RESULTS, ROOT, read_scalars  # noqa: E402
 from benchmark.grpo.cpu_task import CACHE, smollm2_dir, write_problems  # noqa: E402
 
 LOSSES = ["clip", "vaco", "dppo-tv", "decoupled", "tis", "m2po"]
@@ -40,13 +40,11 @@ OWN = {"clip": ["clip_fraction"], "vaco": ["filter_on_fraction", "filtered_fract
 
 def read_curves(run_dir: str, n: int) -> dict:
     """{tag: [value per step]} of one run: the lag and every loss's statistics."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0}).Reload()
+    scalars = read_scalars(run_dir)
     tags = ["lag/batch_age", "lag/tv_backward", "charts/reward_mean"]
     tags += [f"losses/{key}" for keys in OWN.values() for key in keys] + ["losses/tv", "losses/tv_forward"]
     tags += [f"lag/{key}_minibatch_{k}" for k in range(n) for key in ("tv", "tv_forward")]
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in dict.fromkeys(tags)}
+    return {tag: scalars[tag] for tag in dict.fromkeys(tags)}
 
 
 def tables(runs: list, n: int) -> str:

@@ -47,7 +47,7 @@ from typing import Optional
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS, ROOT  # noqa: E402
+from benchmark.common import RESULTS, ROOT, tensorboard_log, write_csv  # noqa: E402
 from benchmark.grpo.cpu_task import CACHE, DATA, delta_by_rule, smollm2_dir, write_problems  # noqa: E402
 
 OUT = os.path.join(RESULTS, "grpo_study")
@@ -137,30 +137,19 @@ def t_interval(values: list) -> tuple:
 
 def read_rows(run_dir: str) -> list:
     """One row per training step from a run's TensorBoard log."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0}).Reload()
-    tags = set(events.Tags()["scalars"])
+    log = tensorboard_log(run_dir)
+    tags = set(log.Tags()["scalars"])
     rows = {}
     for tag, column in list(TAGS.items()) + [(f"lag/{key}_minibatch_{k}", f"{key}_{k}") for key in PER_K for k in range(N)]:
-        for e in events.Scalars(tag) if tag in tags else []:
+        for e in log.Scalars(tag) if tag in tags else []:
             rows.setdefault(e.step, {"step": e.step})[column] = e.value
-    accuracy = [e.value for e in events.Scalars("eval/accuracy")] if "eval/accuracy" in tags else []
+    accuracy = [e.value for e in log.Scalars("eval/accuracy")] if "eval/accuracy" in tags else []
     return [rows[s] for s in sorted(rows)], (accuracy[-1] if accuracy else None)
 
 
 def write_atomic(path: str, text: str):
     with open(path + ".tmp", "w") as f:
         f.write(text)
-    os.replace(path + ".tmp", path)
-
-
-def write_csv(path: str, rows: list):
-    with open(path + ".tmp", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
     os.replace(path + ".tmp", path)
 
 
@@ -206,7 +195,7 @@ def execute(run: Run, out_dir: str, delta) -> float:
             raise RuntimeError(f"{run.name} failed (exit {proc.returncode}): {tail}")
         (run_dir,) = glob.glob(os.path.join(scratch, "runs", "*"))
         rows, accuracy = read_rows(run_dir)
-        write_csv(os.path.join(out_dir, run.name + ".csv"), rows)
+        write_csv(os.path.join(out_dir, run.name + ".csv"), rows, COLUMNS, digits=6)
         meta = dict(command=run.command(delta), config=run.config, seed=run.seed, num_steps=run.num_steps,
                     accuracy_after=accuracy, script_blob=script_blob, seconds=round(time.time() - start, 1),
                     finished=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS, ROOT  # noqa: E402
+from benchmark.common import RESULTS, ROOT, read_scalars  # noqa: E402
 from benchmark.grpo.cpu_task import CACHE, delta_by_rule, smollm2_dir, write_problems  # noqa: E402
 
 
@@ -42,13 +42,11 @@ def stale_tvs(runs: list) -> list:
 
 def read_curves(run_dir: str, num_minibatches: int) -> dict:
     """{tag: [value per step]} for the per-minibatch lag curves and the reward of one run."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0}).Reload()
+    scalars = read_scalars(run_dir)
     tags = ["charts/reward_mean", "charts/zero_std_group_fraction", "losses/filter_on_fraction"]
     for k in range(num_minibatches):
         tags += [f"lag/tv_minibatch_{k}", f"lag/filter_on_minibatch_{k}", f"lag/filtered_fraction_minibatch_{k}"]
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in tags}
+    return {tag: scalars[tag] for tag in tags}
 
 
 def mean(xs):

@@ -48,7 +48,7 @@ import gymnasium as gym
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import ROOT  # noqa: E402
+from benchmark.common import ROOT, tensorboard_log  # noqa: E402
 
 
 @dataclass
@@ -141,11 +141,7 @@ def steady_rate(run_dir):
     """Env steps per second from the end of the first update to the end of the last, read from
     the run's TensorBoard log (charts/SPS is logged once per update): start-up, the first rollout
     and the one-off compile of the update are left out."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    events = acc.Scalars("charts/SPS")
+    events = tensorboard_log(run_dir).Scalars("charts/SPS")
     return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
 
 

@@ -33,7 +33,6 @@ ppo_continuous.py, spo_continuous.py, vaco_continuous.py and geppo_continuous.py
 to runs/ under the working folder, as the script's own would.
 """
 
-import csv
 import os
 import sys
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import ROOT, import_script  # noqa: E402
+from benchmark.common import ROOT, import_script, write_csv  # noqa: E402
 
 COLUMNS = ["update", "step", "age", "samples", "advantage_mean", "abs_z_mean", "weight_mean", "logstd_push",
            "logstd_push_centred", "entropy", "move_kl_mean", "move_kl_std", "entropy_change_first_epoch",
@@ -111,13 +110,13 @@ def age_rows(module, agent, b, estimates, env_ages, args, previous=None):
     return rows
 
 
-def instrument(module, writer):
+def instrument(module, rows):
     """Wrap `module`'s `PolicyBuffer.sample_ages` (to learn each actor's age), `estimate_advantages` (to measure the
     batch before any step), its update step (to follow the log-std through the epochs) and `PolicyBuffer.push` (to
-    write the update's rows once its epochs are done); returns nothing, leaves what they compute as it was."""
+    add the update's rows to `rows` once its epochs are done); returns nothing, leaves what they compute as it was."""
     sample_ages, estimate_advantages = module.PolicyBuffer.sample_ages, module.estimate_advantages
     push, compiled_or_eager = module.PolicyBuffer.push, module.compiled_or_eager
-    state = dict(ages=None, update=0, step=0, current=None, rows=None, logstd_sums=[])
+    state = dict(ages=None, update=0, step=0, current=None, pending=None, logstd_sums=[])
 
     def recording_sample_ages(self, num_actors, rng):
         state["ages"], groups = sample_ages(self, num_actors, rng)
@@ -129,7 +128,7 @@ def instrument(module, writer):
         estimates = estimate_advantages(agent, b, args)
         state["update"] += 1
         state["step"] += args.batch_size
-        state["rows"] = age_rows(module, agent, b, estimates, state["ages"], args, state["previous"])
+        state["pending"] = age_rows(module, agent, b, estimates, state["ages"], args, state["previous"])
         state["logstd_sums"] = [agent.actor.logstd.sum().item()]
         state["steps_per_epoch"] = args.num_minibatches
         return estimates
@@ -146,15 +145,13 @@ def instrument(module, writer):
 
     def writing_push(self, actor):
         push(self, actor)
-        if state["rows"] is None:  # the initial policy, or a resumed run's snapshots
+        if state["pending"] is None:  # the initial policy, or a resumed run's snapshots
             return
         sums = state["logstd_sums"]  # the entropy is the log-std's sum plus a constant
-        state["rows"][-1].update(entropy_change_first_epoch=sums[min(state["steps_per_epoch"], len(sums) - 1)] - sums[0],
-                                 entropy_change=sums[-1] - sums[0])
-        for row in state["rows"]:
-            writer.writerow({"update": state["update"], "step": state["step"],
-                             **{k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()}})
-        state["rows"] = None
+        first_epoch = sums[min(state["steps_per_epoch"], len(sums) - 1)]
+        state["pending"][-1].update(entropy_change_first_epoch=first_epoch - sums[0], entropy_change=sums[-1] - sums[0])
+        rows.extend({"update": state["update"], "step": state["step"], **row} for row in state["pending"])
+        state["pending"] = None
 
     module.PolicyBuffer.sample_ages = recording_sample_ages
     module.estimate_advantages = diagnosed_estimate_advantages
@@ -172,13 +169,13 @@ def main(args: Args, script_flags):
     if not hasattr(module, "PolicyBuffer") or not hasattr(module, "estimate_advantages"):
         sys.exit(f"error: {args.script} has no PolicyBuffer and estimate_advantages to instrument")
     script_args = tyro.cli(module.Args, args=script_flags)
-    with open(args.out + ".tmp", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        instrument(module, writer)
+    rows = []
+    instrument(module, rows)
+    try:
         module.main(script_args)
-    os.replace(args.out + ".tmp", args.out)
-    print(f"wrote {args.out}")
+    finally:  # a run stopped halfway (an error, Ctrl-C) keeps the updates it finished
+        write_csv(args.out, rows, COLUMNS)
+        print(f"wrote {args.out} ({rows[-1]['update'] if rows else 0} updates)")
 
 
 if __name__ == "__main__":

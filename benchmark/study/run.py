@@ -21,7 +21,6 @@ end in time, shorter ones first once the next in line would not, and exits when 
 """
 
 import bisect
-import csv
 import glob
 import json
 import os
@@ -41,7 +40,7 @@ from typing import Optional
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS, ROOT  # noqa: E402
+from benchmark.common import RESULTS, ROOT, tensorboard_log, write_csv  # noqa: E402
 
 # Algorithm name -> (script, extra flags). Every variant spells out the flags it depends on, so
 # that a change of a script's default cannot silently change what a finished run meant.
@@ -256,33 +255,21 @@ def move_stale(run, out_dir):
 def curve_rows(run_dir):
     """One row per update from a run's TensorBoard log: the episodes that ended during the update's
     rollout (count and mean return) and the update's diagnostics."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    tags = set(acc.Tags()["scalars"])
-    update_steps = [e.step for e in acc.Scalars("charts/SPS")]  # logged once per update
+    log = tensorboard_log(run_dir)
+    tags = set(log.Tags()["scalars"])
+    update_steps = [e.step for e in log.Scalars("charts/SPS")]  # logged once per update
     rows = [{"step": s, "episodes": 0, "return_sum": 0.0} for s in update_steps]
-    for event in acc.Scalars("charts/episodic_return") if "charts/episodic_return" in tags else []:
+    for event in log.Scalars("charts/episodic_return") if "charts/episodic_return" in tags else []:
         i = min(bisect.bisect_left(update_steps, event.step), len(rows) - 1)
         rows[i]["episodes"] += 1
         rows[i]["return_sum"] += event.value
     for tag, column in DIAGNOSTICS.items():  # each logged once per update, in update order
-        for row, event in zip(rows, acc.Scalars(tag) if tag in tags else []):
+        for row, event in zip(rows, log.Scalars(tag) if tag in tags else []):
             row[column] = event.value
     for row in rows:
         total = row.pop("return_sum")
         row["return_mean"] = total / row["episodes"] if row["episodes"] else ""
     return rows
-
-
-def write_csv(path, rows):
-    with open(path + ".tmp", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()})
-    os.replace(path + ".tmp", path)
 
 
 def code_version():
@@ -331,7 +318,7 @@ def execute(run, out_dir):
         if proc.returncode != 0:
             raise RuntimeError(f"{run.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
         (run_dir,) = glob.glob(os.path.join(scratch, "runs", "*"))
-        write_csv(os.path.join(out_dir, run.name + ".csv"), curve_rows(run_dir))
+        write_csv(os.path.join(out_dir, run.name + ".csv"), curve_rows(run_dir), COLUMNS)
         write_meta(run, out_dir, code=code, seconds=round(time.time() - start, 1),
                    finished=time.strftime("%Y-%m-%d %H:%M:%S"))
     finally:

@@ -20,9 +20,8 @@ from pathlib import Path
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import ROOT, script_at  # noqa: E402
+from benchmark.common import ROOT, read_scalars, script_at  # noqa: E402
 from benchmark.study.run import ALGORITHMS  # noqa: E402
-from tests.conftest import read_scalars  # noqa: E402
 
 WALL_CLOCK = {"charts/SPS", "charts/updates_per_second"}  # series that depend on the machine's speed
 
