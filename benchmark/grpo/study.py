@@ -48,7 +48,8 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import RESULTS, ROOT, tensorboard_log, write_csv  # noqa: E402
-from benchmark.grpo.cpu_task import CACHE, DATA, delta_by_rule, smollm2_dir, write_problems  # noqa: E402
+from benchmark.grpo.cpu_task import (CACHE, DATA, ONE_THREAD, delta_by_rule, smollm2_dir, task_flags,  # noqa: E402
+                                     write_problems)
 
 OUT = os.path.join(RESULTS, "grpo_study")
 NUM_STEPS = 6
@@ -56,15 +57,12 @@ EVAL_SIZE = 300
 DPPO_DELTA = 0.2  # prime-rl's binary-TV δ (the DPPO authors' verl example uses 0.15)
 N = 8  # the lagged setting: minibatch k is trained k optimiser steps after generation
 
-# The setting of every run (the model and data paths are added at run time). 16 completions a step
-# (4 prompts x 4; minibatches of 2 at N = 8) at T = 0.7 with a short-answer instruction, where this
-# 135M model starts near 33 %; lr 2e-5, where one step of lag is measurable and N = 1 learns within a
-# few steps. Sized for 2 hours on 2 cores shared with other work (one core's worth): a step takes
+# The setting of every run (the model and data paths are added at run time): the CPU task (cpu_task.py), 16
+# completions a step (4 prompts x 4; minibatches of 2 at N = 8), where this 135M model starts near 33 %; scored
+# once, after training. Sized for 2 hours on 2 cores shared with other work (one core's worth): a step takes
 # 1-1.5 minutes there, the evaluation of 300 problems about three.
-COMMON = ["--num-prompts", "4", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
-          "--learning-rate", "2e-5", "--instruction", "Answer in one short sentence.", "--answer-extraction", "flexible",
-          "--eval-size", str(EVAL_SIZE), "--eval-every", "0", "--eval-batch-size", "100", "--no-eval-before",
-          "--no-final-eval", "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1"]
+COMMON = [*task_flags(), "--eval-size", str(EVAL_SIZE), "--eval-every", "0", "--eval-batch-size", "100",
+          "--no-eval-before", "--no-final-eval", *ONE_THREAD]
 
 # config -> (phase, flags); "{delta}" is the rule's δ. Every config spells out the flags its loss
 # depends on, so that a change of the script's defaults cannot change what a finished run meant.

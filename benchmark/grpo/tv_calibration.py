@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import RESULTS, ROOT, read_scalars  # noqa: E402
-from benchmark.grpo.cpu_task import CACHE, delta_by_rule, smollm2_dir, write_problems  # noqa: E402
+from benchmark.grpo.cpu_task import CACHE, ONE_THREAD, delta_by_rule, smollm2_dir, task_flags, write_problems  # noqa: E402
 
 
 def stale_tvs(runs: list) -> list:
@@ -108,14 +108,8 @@ def main():
     delta = a.tv_threshold if a.tv_threshold is not None else grpo_vaco_gsm8k.Args().tv_threshold
     data = write_problems()
     model = os.path.relpath(smollm2_dir(), ROOT)
-    # 32 completions a step (8 prompts x 4) at T = 0.7 with a short-answer instruction: the task where
-    # this 135M model gets a reward (with the GSM8k defaults, T = 1 and \boxed{} answers, it scores ~0,
-    # the advantages are 0, and no step moves the policy at all)
-    common = ["--model-id", model, "--dataset-path", os.path.relpath(data, ROOT), "--num-steps", str(a.num_steps),
-              "--num-prompts", "8", "--group-size", "4", "--max-new-tokens", "24", "--temperature", "0.7",
-              "--instruction", "Answer in one short sentence.", "--answer-extraction", "flexible",
-              "--eval-size", "0", "--micro-batch-size", "0", "--no-gradient-checkpointing", "--num-threads", "1",
-              "--tv-threshold", f"{delta:g}"]
+    # the CPU task (cpu_task.py) with 32 completions a step (8 prompts x 4), at each learning rate of the grid
+    common = ["--model-id", model, "--dataset-path", os.path.relpath(data, ROOT), "--num-steps", str(a.num_steps)]
     json_path = Path(RESULTS, "grpo_tv_calibration.json")
     saved = {"runs": []} if a.fresh or not json_path.exists() else json.loads(json_path.read_text())
     commands = saved.setdefault("commands", [])
@@ -124,8 +118,8 @@ def main():
 
     def one(loss, lr, n, seed):
         exp = f"tv_calibration_{loss}_lr{lr:g}_N{n}_s{seed}"
-        argv = [*common, "--seed", str(seed), "--loss", loss, "--learning-rate", f"{lr:g}", "--num-minibatches", str(n),
-                "--exp-name", exp]
+        argv = [*common, *task_flags(8, f"{lr:g}"), "--eval-size", "0", *ONE_THREAD, "--tv-threshold", f"{delta:g}",
+                "--seed", str(seed), "--loss", loss, "--num-minibatches", str(n), "--exp-name", exp]
         t0 = time.time()
         log = CACHE / f"{exp}.log"
         with open(log, "w") as f:
