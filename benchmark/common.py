@@ -1,16 +1,20 @@
-"""What every room of benchmark/ shares: where the repository and its results are, one reader of a run's
-TensorBoard log, one writer of a CSV of rows, and a script loaded beside today's (as it is, or as of a commit).
+"""What every folder of benchmark/ shares: where the repository and its results are, one reader of a run's
+TensorBoard log, one writer of a CSV of rows, a finished run set aside when its command changed, and a script loaded
+beside today's (as it is, or as of a commit).
 
-A script of a room is run as a file (`python benchmark/study/run.py ...`) and imports this module, and its room's,
-after one line that puts the repository root on the path:
+A script of a folder is run as a file (`python benchmark/study/run.py ...`) and imports this module, and its folder's
+modules, after one line that puts the repository root on the path:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
     from benchmark.common import read_scalars
 
-The tests import them the same way (pytest.ini puts the repository root on the path); nothing here imports tests/.
+A module that no one runs as a file (what a folder's scripts share: study/presets.py, grpo/cpu_task.py, ...) needs
+no such line: whatever imports it has put the root on the path. The tests import them the same way (pytest.ini puts the
+repository root on the path); nothing under benchmark/ imports tests/.
 """
 
 import csv
+import glob
 import importlib.util
 import os
 import subprocess
@@ -44,6 +48,17 @@ def write_csv(path, rows, columns, digits=5):
         for row in rows:
             writer.writerow({k: (f"{v:.{digits}g}" if isinstance(v, float) else v) for k, v in row.items()})
     os.replace(path + ".tmp", path)
+
+
+def move_stale(name, out_dir):
+    """A finished run whose command changed: keep its files (out_dir/<name>.*) under out_dir/stale/ rather than
+    overwrite them."""
+    stale = [p for p in glob.glob(os.path.join(out_dir, name + ".*")) if os.path.isfile(p)]
+    if stale:
+        os.makedirs(os.path.join(out_dir, "stale"), exist_ok=True)
+        for p in stale:
+            os.replace(p, os.path.join(out_dir, "stale", os.path.basename(p)))
+        print(f"note: {name} was run with another command; old results moved to {out_dir}/stale/", flush=True)
 
 
 def script_at(commit, script, folder):

@@ -22,7 +22,7 @@ def test_a_cell_inside_and_a_cell_outside_the_reference_interval(tmp_path):
         write_run(str(other), "Hopper-v4", "vaco", 8, seed, [0.0] * 9 + [final + 100])  # mean 210: outside
     write_run(str(other), "Ant-v4", "ppo", 1, 1, [1.0] * 10)  # a cell the reference lacks: not compared
     text = compare.table(compare.final_returns(str(reference)),
-                                 compare.final_returns(str(other)), ["eager", "compiled"])
+                         compare.final_returns(str(other)), ["eager", "compiled"])
     half = 10 / np.sqrt(3) * 4.302653  # t(0.975, 2) x the standard error of 100, 110, 120
     their_half = 5 / np.sqrt(1) * 12.7062  # t(0.975, 1) x the standard error of 105, 115
     assert (f"| Hopper-v4 | ppo | 1 | 110 [{110 - half:.0f}, {110 + half:.0f}] (3) "
@@ -43,7 +43,7 @@ def test_a_narrow_reference_interval_is_checked_both_ways(tmp_path):
         write_run(str(reference), "HalfCheetah-v4", "ppo", 1, seed, [0.0] * 9 + [mine])
         write_run(str(other), "HalfCheetah-v4", "ppo", 1, seed, [0.0] * 9 + [theirs])
     text = compare.table(compare.final_returns(str(reference)),
-                                 compare.final_returns(str(other)), ["eager", "compiled"])
+                         compare.final_returns(str(other)), ["eager", "compiled"])
     assert "| 1701 [1699, 1703] (3) | 1653 [1566, 1741] (3) | no | yes |" in text
     assert text.endswith("0 of 1 cells: the compiled mean lies inside the eager interval; "
                          "1 of 1: at least one mean lies inside the other's interval.")

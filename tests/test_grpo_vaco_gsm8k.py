@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import grpo_vaco_gsm8k as g  # noqa: E402
-from benchmark.common import read_scalars, tensorboard_log  # noqa: E402
+from benchmark.common import move_stale, read_scalars, tensorboard_log  # noqa: E402
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
@@ -1006,7 +1006,7 @@ def test_grpo_study_grid_rule_and_intervals(tmp_path):
     (tmp_path / "vaco_half_N8__s2.json").write_text(json.dumps({"command": vaco.command(0.05)}))
     (tmp_path / "vaco_half_N8__s2.csv").write_text("step\n")
     assert study.is_finished(vaco, str(tmp_path), 0.05) and not study.is_finished(vaco, str(tmp_path), 0.1)
-    study.move_stale(vaco, str(tmp_path))
+    move_stale(vaco.name, str(tmp_path))
     assert sorted(os.listdir(tmp_path / "stale")) == ["vaco_half_N8__s2.csv", "vaco_half_N8__s2.json"]
 
 

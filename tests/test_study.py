@@ -3,6 +3,7 @@ synthetic results whose scores and aggregates are known, and one tiny real run."
 
 import collections
 import csv
+import dataclasses
 import importlib
 import itertools
 import json
@@ -15,9 +16,11 @@ import numpy as np
 import pytest
 import tyro
 
-from benchmark.common import write_csv
-from benchmark.study import analyze
-from benchmark.study import run as study
+from benchmark.common import move_stale, write_csv
+from benchmark.study import analyze, estimates, plotting, presets, scores
+from benchmark.study import run as runner
+from benchmark.study.report import incomplete_line
+from benchmark.study.sections import baselines, diagnostics, summary_number, vaco_vs_ppo, window
 
 pytestmark = pytest.mark.floatfree  # the runner, and the analysis in numpy of results it is given
 
@@ -25,11 +28,11 @@ pytestmark = pytest.mark.floatfree  # the runner, and the analysis in numpy of r
 def write_run(folder, task, algorithm, k, seed, returns, steps_per_update=1000, episodes=None, **meta):
     """A finished run in the study's format: one update per entry of `returns` (one episode each,
     or `episodes[i]`); `meta` adds to its JSON (e.g. the seconds it took)."""
-    run = study.Run(task, algorithm, k, seed, steps_per_update * len(returns))
+    run = presets.Run(task, algorithm, k, seed, steps_per_update * len(returns))
     episodes = episodes or [1] * len(returns)
     rows = [{"step": steps_per_update * (i + 1), "episodes": n, "return_mean": float(r) if n else ""}
             for i, (r, n) in enumerate(zip(returns, episodes))]
-    write_csv(os.path.join(folder, run.name + ".csv"), rows, study.COLUMNS)
+    write_csv(os.path.join(folder, run.name + ".csv"), rows, runner.COLUMNS)
     with open(os.path.join(folder, run.name + ".json"), "w") as f:
         json.dump(dict(command=run.portable_command(), task=task, algorithm=algorithm, k=k, seed=seed,
                        total_timesteps=run.steps, **meta), f)
@@ -48,9 +51,9 @@ def study_folder(tmp_path, randoms=RANDOMS):
 
 @pytest.fixture
 def saved(monkeypatch):
-    """{path: figure} of every figure analyze.save writes during the test (and still writes it)."""
-    figures, save = {}, analyze.save
-    monkeypatch.setattr(analyze, "save", lambda fig, path: (figures.__setitem__(path, fig), save(fig, path)))
+    """{path: figure} of every figure plotting.save writes during the test (and still writes it)."""
+    figures, save = {}, plotting.save
+    monkeypatch.setattr(plotting, "save", lambda fig, path: (figures.__setitem__(path, fig), save(fig, path)))
     return figures
 
 
@@ -59,40 +62,40 @@ def saved(monkeypatch):
 def test_slice_scores_final_and_auc():
     # 20 updates of 1000 steps, 10 slices of 2000 steps: updates 2i+1, 2i+2 fall in slice i
     rows = [{"step": 1000 * (i + 1), "episodes": 2 if i % 2 else 1, "return_mean": float(i)} for i in range(20)]
-    scores = analyze.slice_scores(rows, 20_000)
+    sliced = scores.slice_scores(rows, 20_000)
     # slice i holds update 2i (1 episode, return 2i) and update 2i+1 (2 episodes, return 2i+1)
-    np.testing.assert_allclose(scores, [(2 * i + 2 * (2 * i + 1)) / 3 for i in range(10)])
-    s = analyze.run_scores({"total_timesteps": 20_000}, rows)
-    assert s["final"] == pytest.approx(scores[-1]) and s["auc"] == pytest.approx(scores.mean())
+    np.testing.assert_allclose(sliced, [(2 * i + 2 * (2 * i + 1)) / 3 for i in range(10)])
+    s = scores.run_scores({"total_timesteps": 20_000}, rows)
+    assert s["final"] == pytest.approx(sliced[-1]) and s["auc"] == pytest.approx(sliced.mean())
 
 
 def test_a_slice_without_episodes_is_left_out_of_the_auc():
     rows = [{"step": 1000, "episodes": 1, "return_mean": 10.0}, {"step": 2000, "episodes": 0, "return_mean": ""},
             {"step": 4000, "episodes": 1, "return_mean": 40.0}]
-    scores = analyze.slice_scores(rows, 4000, slices=4)
-    assert scores[0] == 10.0 and np.isnan(scores[1]) and scores[3] == 40.0
-    assert analyze.run_scores({"total_timesteps": 4000}, rows)["final"] == 40.0
+    sliced = scores.slice_scores(rows, 4000, slices=4)
+    assert sliced[0] == 10.0 and np.isnan(sliced[1]) and sliced[3] == 40.0
+    assert scores.run_scores({"total_timesteps": 4000}, rows)["final"] == 40.0
 
 
 def test_normalisation():
-    assert analyze.normalise(150.0, random_score=50.0, reference_score=250.0) == pytest.approx(0.5)
-    assert analyze.normalise(-20.0, random_score=-100.0, reference_score=-60.0) == pytest.approx(2.0)
+    assert scores.normalise(150.0, random_score=50.0, reference_score=250.0) == pytest.approx(0.5)
+    assert scores.normalise(-20.0, random_score=-100.0, reference_score=-60.0) == pytest.approx(2.0)
 
 
 def test_iqm_of_a_known_array_and_seeded_intervals():
     scores = np.arange(1.0, 9.0).reshape(8, 1)  # 8 runs, 1 task: IQM = mean(3, 4, 5, 6)
-    points, intervals = analyze.aggregates({"a": scores}, reps=200, seed=0)
+    points, intervals = estimates.aggregates({"a": scores}, reps=200, seed=0)
     median, iqm, mean, gap = points["a"]
     assert (median, iqm, mean) == pytest.approx((4.5, 4.5, 4.5))
     assert gap == pytest.approx(0.0)  # every score is >= 1: no gap to "as good as the reference"
-    _, again = analyze.aggregates({"a": scores}, reps=200, seed=0)
+    _, again = estimates.aggregates({"a": scores}, reps=200, seed=0)
     np.testing.assert_array_equal(intervals["a"], again["a"])  # same data and seed, same intervals
     assert intervals["a"][0, 1] < 4.5 < intervals["a"][1, 1]
 
 
 def test_probability_of_improvement_of_a_dominating_algorithm():
     better, worse = np.full((3, 2), 2.0), np.full((3, 2), 1.0)
-    points, _ = analyze.probability_of_improvement({"x,y": (better, worse)}, reps=100, seed=0)
+    points, _ = estimates.probability_of_improvement({"x,y": (better, worse)}, reps=100, seed=0)
     assert points["x,y"] == pytest.approx(1.0)
 
 
@@ -105,7 +108,7 @@ def test_analysis_end_to_end(tmp_path):
             write_run(folder, task, "vaco", 1, seed, [base + 20] * 10)
             write_run(folder, task, "vaco", 8, seed, [base + 30] * 10)
     analyze.main(analyze.Args(results_dir=folder, reps=200))
-    raw, normalised = analyze.score_table(analyze.load_runs(folder), randoms)
+    raw, normalised = scores.score_table(scores.load_runs(folder), randoms)
     assert normalised[("ppo", 8)]["TaskB-v4"][2]["final"] == pytest.approx(10 / 20)
     assert normalised[("vaco", 8)]["TaskA-v4"][1]["final"] == pytest.approx(1.5)
     report = open(os.path.join(folder, "report.md")).read()
@@ -138,11 +141,11 @@ def test_the_median_improvement_is_not_carried_by_one_task_far_ahead():
              [dict(step=10, episodes=1, return_mean=final + seed)])
             for task, pair in finals.items() for algorithm, final in zip(("vaco", "ppo"), pair) for seed in (-1, 1)]
     randoms = dict.fromkeys(finals, 0.0)
-    raw, _ = analyze.score_table(runs, randoms)
-    (mean, median, above), intervals = analyze.relative_improvement(raw, randoms, list(finals), 8, reps=100, seed=0)
+    raw, _ = scores.score_table(runs, randoms)
+    (mean, median, above), intervals = summary_number.relative_improvement(raw, randoms, list(finals), 8, reps=100, seed=0)
     assert (mean, median, above) == pytest.approx(((0.1 + 0.2 + 5.0) / 3, 0.2, (0.1 + 0.2 + 5.0) / 3))
     assert intervals.shape == (2, 3) and np.all(intervals[0] <= np.array([mean, median, above]) + 1e-12)
-    lines = analyze.summary_number_section(raw, randoms, list(finals), [8], reps=100, seed=0)
+    lines = summary_number.section(analyze.study_of(runs, randoms, reps=100))
     assert any(line.startswith("| median relative to PPO's return | +20.0 % [") for line in lines)
 
 
@@ -150,8 +153,7 @@ def test_a_cell_of_one_seed_shows_its_return_without_an_interval():
     runs = [(dict(task="TaskA-v4", algorithm=algorithm, k=1, seed=seed, total_timesteps=10),
              [dict(step=10, episodes=1, return_mean=final)]) for algorithm, seed, final in
             [("ppo", 1, 20.0), ("ppo", 2, 40.0), ("vaco", 1, 45.0)]]
-    raw, _ = analyze.score_table(runs, {"TaskA-v4": 0.0})
-    lines = analyze.comparison_section(raw, {"TaskA-v4": 0.0}, ["TaskA-v4"], [1])
+    lines = vaco_vs_ppo.section(analyze.study_of(runs, {"TaskA-v4": 0.0}))
     assert "| TaskA-v4 | 30 [-97, 157] | 45 (1 seed) | 1.50 |" in lines  # 30 ± t(0.975, 1) * 14.1 / sqrt(2)
 
 
@@ -163,8 +165,7 @@ def test_diagnostics_are_shown_beside_ppo_and_rows_where_vaco_is_behind_are_bold
     runs = [run("ppo", 1, 20.0, approx_kl=0.01, entropy=1.5), run("vaco", 1, 30.0, approx_kl=0.02, entropy=1.0),
             run("ppo", 8, 20.0, approx_kl=0.05), run("vaco", 8, 10.0, approx_kl=0.03, filter_on_fraction=0.25,
                                                       filtered_fraction=0.1, backward_tv=0.2)]
-    raw, _ = analyze.score_table(runs, {"TaskA-v4": 0.0})
-    lines = analyze.diagnostics_section(runs, raw, {"TaskA-v4": 0.0}, ["TaskA-v4"], [1, 8])
+    lines = diagnostics.section(analyze.study_of(runs, {"TaskA-v4": 0.0}))
     assert "| TaskA-v4 | 1 | 1.50 | 1/1 |  |  | 0.02 | 0.01 | 1 | 1.5 |  |" in lines
     assert "| **TaskA-v4** | 8 | 0.50 | 0/1 | 0.25 | 0.1 | 0.03 | 0.05 |  |  | 0.2 |" in lines
 
@@ -221,13 +222,13 @@ def test_the_share_of_the_lag_loss_won_back_on_the_tasks_where_lag_hurts(tmp_pat
 
 def write_csv_columns(folder, task, algorithm, seed, k=8, **columns):
     """Add per-update diagnostic columns to a run written by write_run."""
-    path = os.path.join(folder, study.Run(task, algorithm, k, seed, 0).name + ".csv")
+    path = os.path.join(folder, presets.Run(task, algorithm, k, seed, 0).name + ".csv")
     with open(path) as f:
         rows = list(csv.DictReader(f))
     for name, values in columns.items():
         for row, value in zip(rows, values):
             row[name] = value
-    write_csv(path, rows, study.COLUMNS)
+    write_csv(path, rows, runner.COLUMNS)
 
 
 def trust_region_folder(tmp_path):
@@ -299,14 +300,14 @@ def test_a_block_counts_when_every_planned_run_is_in():
            ("vaco", 8): {"TaskA-v4": {1: {}, 2: {}}, "TaskB-v4": {1: {}, 2: {}}}}
     planned = {(t, a, 8, s) for t in ("TaskA-v4", "TaskB-v4") for a in ("geppo", "vaco") for s in (1, 2)}
     planned |= {("TaskA-v4", "vaco-proximal-0.1", 8, s) for s in (1, 2)}
-    complete, partial = analyze.completeness(raw, ["vaco", "geppo", "vaco-proximal-0.1"], 8, ["TaskA-v4", "TaskB-v4"],
+    complete, partial = scores.completeness(raw, ["vaco", "geppo", "vaco-proximal-0.1"], 8, ["TaskA-v4", "TaskB-v4"],
                                              planned)
     assert complete == ["vaco"] and partial == {"geppo": (3, 4)}  # a sweep's variant is neither
-    assert analyze.incomplete_line(partial, 8)[0] == "Incomplete at K = 8, in no table here: GePPO (3 of 4 runs)."
+    assert incomplete_line(partial, 8)[0] == "Incomplete at K = 8, in no table here: GePPO (3 of 4 runs)."
     # the presets say which runs a folder holds: the ten tasks' folder takes three presets' runs
-    planned = analyze.planned_runs(os.path.join("benchmark", "results", "ten-tasks"))
+    planned = presets.planned_runs(os.path.join("benchmark", "results", "ten-tasks"))
     assert ("Ant-v4", "geppo", 8, 3) in planned and ("Ant-v4", "vaco-proximal-0.1", 8, 1) in planned
-    assert ("Ant-v4", "ppo", 1, 2) in planned and not analyze.planned_runs("somewhere/else")
+    assert ("Ant-v4", "ppo", 1, 2) in planned and not presets.planned_runs("somewhere/else")
 
 
 def test_a_larger_lag_on_fewer_tasks_has_its_own_section(tmp_path, saved):
@@ -360,8 +361,9 @@ def test_the_return_at_a_step_inside_longer_runs(tmp_path):
         write_run(folder, "TaskA-v4", "ppo", 8, seed, [100.0 * i + seed for i in range(1, 31)])
         write_run(folder, "TaskA-v4", "vaco", 8, seed, [200.0 * i for i in range(1, 31)])
     write_run(folder, "TaskA-v4", "ppo", 1, 1, [5.0] * 10)  # 10k steps: not longer, left out
-    lines = analyze.window_section(analyze.load_runs(folder), 10_000)
-    assert "between 9,000 and 10,000 env steps" in lines[0]
+    lines = window.section(analyze.load_study(folder, window=10_000))
+    assert lines[0] == "### Inside the runs, at 10,000 steps"
+    assert any("between 9,000 and 10,000 env steps" in line for line in lines)
     assert "| task | ppo K=8 | vaco K=8 |" in lines
     assert "| TaskA-v4 | 1002 [1000, 1004] | 2000 [2000, 2000] |" in lines  # 1002 ± t(0.975, 2) * 1 / sqrt(3)
     analyze.main(analyze.Args(results_dir=folder, reps=50, window=10_000))
@@ -374,10 +376,10 @@ def test_lag_hurts_only_where_synchronous_ppo_beats_random_and_loses_under_lag()
     runs = [(dict(task=task, algorithm="ppo", k=k, seed=1, total_timesteps=10),
              [dict(step=10, episodes=1, return_mean=final)])
             for task, pair in finals.items() for k, final in zip((1, 8), pair)]
-    raw, _ = analyze.score_table(runs, randoms)
+    raw, _ = scores.score_table(runs, randoms)
     # Better-v4: synchronous PPO is below random there (and lag helps it): no loss to win back
-    assert analyze.lag_hurt_tasks(raw, randoms, list(finals), 8) == ["Hurt-v4"]
-    assert analyze.lag_hurt_tasks(raw, randoms, list(finals), 1) == []  # no lag, no loss
+    assert scores.lag_hurt_tasks(raw, randoms, list(finals), 8) == ["Hurt-v4"]
+    assert scores.lag_hurt_tasks(raw, randoms, list(finals), 1) == []  # no lag, no loss
 
 
 def test_a_folder_without_synchronous_ppo_reports_returns_only(tmp_path, saved):
@@ -398,7 +400,7 @@ def readable(fig, legend=True):
     (unless the tick labels name what is drawn, as in the aggregates' interval plots)."""
     import matplotlib.text
 
-    assert fig.get_figwidth() <= analyze.FIGURE_WIDTH + 1e-9
+    assert fig.get_figwidth() <= plotting.FIGURE_WIDTH + 1e-9
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert panels
     for ax in panels:
@@ -435,8 +437,8 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
     for name, fig in saved.items():
         readable(fig, legend=not name.startswith(("aggregates", "trust_region")))  # their tick labels name the bars
         image = Image.open(os.path.join(folder, name))
-        assert image.info["dpi"][0] == pytest.approx(analyze.FIGURE_DPI, abs=0.5), name  # 2x a screen's 96 dpi
-        assert image.size[0] == round(fig.get_figwidth() * analyze.FIGURE_DPI), name
+        assert image.info["dpi"][0] == pytest.approx(plotting.FIGURE_DPI, abs=0.5), name  # 2x a screen's 96 dpi
+        assert image.size[0] == round(fig.get_figwidth() * plotting.FIGURE_DPI), name
     # SPO ran at K = 1 and 8 only: the figure says that its dashed line only joins those two
     texts = [t.get_text() for legend in saved["lag_robustness.png"].legends for t in legend.get_texts()]
     assert any("K = 1 and 8 only" in t and "dashed" in t for t in texts), texts
@@ -451,29 +453,29 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
 
 def test_the_eta_takes_each_task_at_its_own_pace(tmp_path):
     folder = str(tmp_path)
-    assert study.seconds_per_step(folder) == {} and study.expected_seconds([], {}) is None
+    assert runner.seconds_per_step(folder) == {} and runner.expected_seconds([], {}) is None
     # 10 updates of 1000 steps each: TaskA at 0.01 and 0.03 s a step, TaskB at 0.005; a reused twin took 0 s
     write_run(folder, "TaskA-v4", "ppo", 1, 1, [0.0] * 10, seconds=100.0)
     write_run(folder, "TaskA-v4", "ppo", 1, 2, [0.0] * 10, seconds=300.0)
     write_run(folder, "TaskB-v4", "ppo", 1, 1, [0.0] * 10, seconds=50.0)
     write_run(folder, "TaskB-v4", "vaco", 1, 1, [0.0] * 10, seconds=0.0)
-    rates = study.seconds_per_step(folder)
+    rates = runner.seconds_per_step(folder)
     assert rates == pytest.approx({"TaskA-v4": 0.02, "TaskB-v4": 0.005})
     # a task not run yet goes at the mean of the others' rates, 0.0125 s a step
-    todo = [study.Run("TaskA-v4", "vaco", 8, 1, 20_000), study.Run("TaskC-v4", "ppo", 1, 1, 10_000)]
-    assert study.expected_seconds(todo, rates) == pytest.approx(20_000 * 0.02 + 10_000 * 0.0125)
+    todo = [presets.Run("TaskA-v4", "vaco", 8, 1, 20_000), presets.Run("TaskC-v4", "ppo", 1, 1, 10_000)]
+    assert runner.expected_seconds(todo, rates) == pytest.approx(20_000 * 0.02 + 10_000 * 0.0125)
 
 
 def test_under_a_time_limit_only_runs_that_can_end_in_time_are_started():
-    reacher, ant = (study.Run(task, "ppo", 1, 2, 1_000_000) for task in ("Reacher-v4", "Ant-v4"))
+    reacher, ant = (presets.Run(task, "ppo", 1, 2, 1_000_000) for task in ("Reacher-v4", "Ant-v4"))
     slowest = {"Reacher-v4": 0.0005, "Hopper-v4": 0.001}  # seconds a step: 500 s and 1000 s a run
-    assert study.next_that_fits([ant, reacher], slowest, None) == ant  # no limit: the order
-    assert study.next_that_fits([ant, reacher], slowest, 900.0) == reacher  # Ant, not timed yet, at Hopper's pace
-    assert study.next_that_fits([ant, reacher], slowest, 1000.0) == ant
-    assert study.next_that_fits([ant, reacher], slowest, 499.0) is None
-    assert study.next_that_fits([ant, reacher], {}, 1.0) == ant  # nothing timed: the order, while time is left
-    assert study.next_that_fits([ant, reacher], {}, 0.0) is None
-    assert [study.parse_duration(t) for t in ("2h45m", "90m", "30s", "1h")] == [9900, 5400, 30, 3600]
+    assert runner.next_that_fits([ant, reacher], slowest, None) == ant  # no limit: the order
+    assert runner.next_that_fits([ant, reacher], slowest, 900.0) == reacher  # Ant, not timed yet, at Hopper's pace
+    assert runner.next_that_fits([ant, reacher], slowest, 1000.0) == ant
+    assert runner.next_that_fits([ant, reacher], slowest, 499.0) is None
+    assert runner.next_that_fits([ant, reacher], {}, 1.0) == ant  # nothing timed: the order, while time is left
+    assert runner.next_that_fits([ant, reacher], {}, 0.0) is None
+    assert [runner.parse_duration(t) for t in ("2h45m", "90m", "30s", "1h")] == [9900, 5400, 30, 3600]
 
 
 def test_a_study_with_a_time_limit_starts_what_fits_and_leaves_the_rest(tmp_path, monkeypatch, capsys):
@@ -488,8 +490,8 @@ def test_a_study_with_a_time_limit_starts_what_fits_and_leaves_the_rest(tmp_path
         time.sleep(1.6)
         write_run(out_dir, run.task, run.algorithm, run.k, run.seed, [0.0], steps_per_update=steps, seconds=1.6)
 
-    monkeypatch.setattr(study, "execute", execute)
-    study.main(study.Args(preset="ten-tasks", algorithms=["ppo"], tasks=["Ant-v4", "Reacher-v4"], ks=[1],
+    monkeypatch.setattr(runner, "execute", execute)
+    runner.main(runner.Args(preset="ten-tasks", algorithms=["ppo"], tasks=["Ant-v4", "Reacher-v4"], ks=[1],
                           total_timesteps=steps, out_dir=folder, jobs=1, time_limit="3s"))
     # Ant (5 s) never fits in 3 s; Reacher's seed 2 does (0.5 s), then seed 3 (now 1.6 s) no longer does
     assert started == ["Reacher-v4__ppo__K1__s2"]
@@ -505,7 +507,7 @@ def test_learning_curves_bridge_the_slices_where_no_episode_ended(tmp_path, save
         write_run(folder, "TaskA-v4", "ppo", 1, seed, [10.0 * i + seed for i in range(50)],
                   episodes=[int(e) for e in ended])
     path = str(tmp_path / "curves.png")
-    analyze.curves_figure(analyze.load_runs(folder), {"ppo K=1": ["TaskA-v4"]}, [1], (), path)
+    plotting.curves_figure(scores.load_runs(folder), {"ppo K=1": ["TaskA-v4"]}, [1], (), path)
     (line,) = saved[path].axes[0].get_lines()
     kept = np.flatnonzero(ended)
     np.testing.assert_allclose(line.get_xdata(), (kept + 1) * 1000 / 1e6)  # one line through the others
@@ -521,53 +523,54 @@ def test_baselines_are_compared_on_the_tasks_they_ran(tmp_path):
                 write_run(folder, task, "vaco", k, seed, [base + 30] * 10)
         write_run(folder, "TaskA-v4", "spo", 1, seed, [10.0] * 10)  # SPO on one task only: half of PPO
         write_run(folder, "TaskA-v4", "spo", 8, seed, [40.0] * 10)  # twice PPO
-    raw, normalised = analyze.score_table(analyze.load_runs(folder), randoms)
-    assert analyze.baseline_tasks(raw, [1, 8]) == (["ppo", "spo", "vaco"], [1, 8], ["TaskA-v4"])
-    report = "\n".join(analyze.baselines_sections(raw, normalised, [1, 8], reps=100, seed=0))
+    study = analyze.load_study(folder, reps=100)
+    assert baselines.baseline_tasks(study.raw, [1, 8]) == (["ppo", "spo", "vaco"], [1, 8], ["TaskA-v4"])
+    report = "\n".join(baselines.section(study))
     assert "Tasks: TaskA-v4." in report
     assert "| spo | 1 | 2 | 0.50 [0.50, 0.50]" in report and "| spo | 8 | 2 | 2.00 [2.00, 2.00]" in report
     assert "| spo | 1 | 1.00 [1.00, 1.00] |" in report and "| spo | 8 | 0.00 [0.00, 0.00] |" in report  # P(VACO > SPO)
     # the main sections cover TaskB too, which SPO did not run: the section above is needed ...
-    assert analyze.baselines_sections(raw, normalised, [1, 8], 100, 0, main_tasks=["TaskA-v4", "TaskB-v4"])
-    # ... but not once SPO ran every main task: the main sections hold it, no repeat
-    assert analyze.baselines_sections(raw, normalised, [1, 8], 100, 0, main_tasks=["TaskA-v4"]) == []
+    assert study.main_tasks == ["TaskA-v4", "TaskB-v4"]
+    # ... but not once SPO ran every main task: the main sections hold it, and this one says so in a line instead
+    assert baselines.section(dataclasses.replace(study, main_tasks=["TaskA-v4"])) == \
+        "the baselines ran on every main task: the aggregates above hold them"
 
 
 # --- the runner ---------------------------------------------------------------------------------
 
 def test_shards_split_the_grid_without_overlap():
-    runs = study.grid("cpu")
-    shards = [study.select(runs, shard=f"{i}/7") for i in range(1, 8)]
+    runs = presets.grid("cpu")
+    shards = [runner.select(runs, shard=f"{i}/7") for i in range(1, 8)]
     assert sorted(sum(shards, []), key=runs.index) == runs
     assert len(runs) == len(set(runs))
     assert all(r.steps == 300_000 for r in runs)
 
 
 def test_select_filters_by_every_axis():
-    runs = study.grid("cpu-1m")
-    picked = study.select(runs, algorithms=["ppo"], tasks=["Ant-v4"], ks=[8], seeds=[1, 2])
+    runs = presets.grid("cpu-1m")
+    picked = runner.select(runs, algorithms=["ppo"], tasks=["Ant-v4"], ks=[8], seeds=[1, 2])
     assert [(r.algorithm, r.task, r.k, r.seed) for r in picked] == [("ppo", "Ant-v4", 8, 1), ("ppo", "Ant-v4", 8, 2)]
 
 
 def test_ten_tasks_preset_is_ppo_and_vaco_at_k_1_and_8_then_decoupled_ppo_at_k_8():
-    runs = study.grid("ten-tasks")
+    runs = presets.grid("ten-tasks")
     assert len(runs) == 150
-    assert {r.task for r in runs} == set(study.PAPER_TASKS) and len(study.PAPER_TASKS) == 10
+    assert {r.task for r in runs} == set(presets.PAPER_TASKS) and len(presets.PAPER_TASKS) == 10
     main, decoupled = runs[:120], runs[120:]
     assert {(r.algorithm, r.k, r.seed) for r in main} == set(itertools.product(["ppo", "vaco"], [1, 8], [1, 2, 3]))
     assert {(r.algorithm, r.k, r.seed) for r in decoupled} == {("ppo-decoupled", 8, s) for s in [1, 2, 3]}
     assert {r.steps for r in runs} == {1_000_000}
-    proximal = study.grid("ten-tasks-proximal")  # beside them, in the same folder: VACO's filter against pi_T
+    proximal = presets.grid("ten-tasks-proximal")  # beside them, in the same folder: VACO's filter against pi_T
     assert {(r.task, r.seed, r.steps) for r in proximal} == {(r.task, r.seed, r.steps) for r in decoupled}
     assert {(r.algorithm, r.k) for r in proximal} == {("vaco-proximal-0.1", 8)}
-    assert study.ALGORITHMS["ppo-decoupled"] == ("ppo_continuous.py", ["--clip-reference", "proximal"])
-    assert {r.task for r in runs[:40]} == set(study.PAPER_TASKS)
+    assert presets.ALGORITHMS["ppo-decoupled"] == ("ppo_continuous.py", ["--clip-reference", "proximal"])
+    assert {r.task for r in runs[:40]} == set(presets.PAPER_TASKS)
 
 
 def test_every_paper_task_makes_and_steps():
     import gymnasium as gym
 
-    for task in study.PAPER_TASKS:
+    for task in presets.PAPER_TASKS:
         env = gym.make(task)
         env.reset(seed=0)
         env.step(env.action_space.sample())
@@ -575,17 +578,17 @@ def test_every_paper_task_makes_and_steps():
 
 
 def test_paper_preset_covers_every_algorithm_lag_and_task():
-    runs = study.grid("paper")
+    runs = presets.grid("paper")
     cells = [(r.algorithm, r.k, r.task, r.seed) for r in runs]
     assert len(cells) == len(set(cells))  # no run twice
-    assert set(cells) == set(itertools.product(["ppo", "vaco"] + study.BASELINES, [1, 2, 4, 8], study.PAPER_TASKS,
+    assert set(cells) == set(itertools.product(["ppo", "vaco"] + presets.BASELINES, [1, 2, 4, 8], presets.PAPER_TASKS,
                                                range(1, 11)))
 
 
-@pytest.mark.parametrize("algorithm", sorted(study.ALGORITHMS))
+@pytest.mark.parametrize("algorithm", sorted(presets.ALGORITHMS))
 def test_every_algorithm_is_a_valid_command_of_its_script(algorithm):
     # parsed by the script's own parser: a misspelt or retired flag fails here, not hours into a study
-    script, flags = study.ALGORITHMS[algorithm]
+    script, flags = presets.ALGORITHMS[algorithm]
     module = importlib.import_module(script[: -len(".py")])
     args = tyro.cli(module.Args, args=flags)
     expected = {  # what the ablations switch off, and nothing else
@@ -603,41 +606,41 @@ def test_every_algorithm_is_a_valid_command_of_its_script(algorithm):
 def test_finished_runs_are_skipped_and_changed_ones_kept_aside(tmp_path):
     folder = str(tmp_path)
     run = write_run(folder, "Hopper-v4", "vaco", 8, 1, [1.0] * 3)
-    assert study.is_finished(run, folder)
-    changed = study.Run(run.task, run.algorithm, run.k, run.seed, run.steps + 1)  # another command
-    assert not study.is_finished(changed, folder)
-    study.move_stale(changed, folder)
+    assert runner.is_finished(run, folder)
+    changed = presets.Run(run.task, run.algorithm, run.k, run.seed, run.steps + 1)  # another command
+    assert not runner.is_finished(changed, folder)
+    move_stale(changed.name, folder)
     assert sorted(os.listdir(os.path.join(folder, "stale"))) == [run.name + ".csv", run.name + ".json"]
-    assert not study.is_finished(run, folder)
+    assert not runner.is_finished(run, folder)
 
 
 def test_a_run_that_trains_like_a_finished_one_reuses_its_results(tmp_path):
     # "vaco" spells out the flags of one of the delta-sweep variants: the same training, another name
-    (twin,) = [a for a in study.ALGORITHMS if a != "vaco" and study.ALGORITHMS[a] == study.ALGORITHMS["vaco"]]
+    (twin,) = [a for a in presets.ALGORITHMS if a != "vaco" and presets.ALGORITHMS[a] == presets.ALGORITHMS["vaco"]]
     trained_by = dict(commit="a" * 40, modified=[])
     finished = write_run(str(tmp_path), "Hopper-v4", twin, 8, 2, [1.0, 2.0, 3.0], code=trained_by)
-    run = study.Run("Hopper-v4", "vaco", 8, 2, finished.steps)
-    assert study.execute(run, str(tmp_path)) == 0.0  # nothing trained
-    assert study.is_finished(run, str(tmp_path))
+    run = presets.Run("Hopper-v4", "vaco", 8, 2, finished.steps)
+    assert runner.execute(run, str(tmp_path)) == 0.0  # nothing trained
+    assert runner.is_finished(run, str(tmp_path))
     assert (tmp_path / f"{run.name}.csv").read_text() == (tmp_path / f"{finished.name}.csv").read_text()
     meta = json.loads((tmp_path / f"{run.name}.json").read_text())
     assert meta["same_training_as"] == finished.name and meta["code"] == trained_by  # the twin's code, not today's
-    other_seed = study.Run("Hopper-v4", "vaco", 8, 3, finished.steps)
-    assert study.find_twin(other_seed, str(tmp_path)) is None
+    other_seed = presets.Run("Hopper-v4", "vaco", 8, 3, finished.steps)
+    assert runner.find_twin(other_seed, str(tmp_path)) is None
 
 
 def test_a_run_finished_meanwhile_by_another_process_is_not_trained_again(tmp_path, monkeypatch):
     finished = write_run(str(tmp_path), "Hopper-v4", "ppo", 1, 1, [1.0, 2.0])
     before = (tmp_path / f"{finished.name}.json").read_text()
     # the study lists the run as still to do (another process finishes it after the listing) ...
-    calls, real_is_finished = [], study.is_finished
+    calls, real_is_finished = [], runner.is_finished
 
     def listed_as_to_do(run, out_dir):
         calls.append(run)
         return len(calls) > 1 and real_is_finished(run, out_dir)
 
-    monkeypatch.setattr(study, "is_finished", listed_as_to_do)
-    study.main(study.Args(preset="cpu", algorithms=["ppo"], tasks=["Hopper-v4"], ks=[1], seeds=[1],
+    monkeypatch.setattr(runner, "is_finished", listed_as_to_do)
+    runner.main(runner.Args(preset="cpu", algorithms=["ppo"], tasks=["Hopper-v4"], ks=[1], seeds=[1],
                           total_timesteps=finished.steps, out_dir=str(tmp_path), jobs=1))
     # ... and finds it finished when its turn comes: nothing trained, rewritten or set aside as stale
     assert len(calls) == 2 and (tmp_path / f"{finished.name}.json").read_text() == before
@@ -646,31 +649,31 @@ def test_a_run_finished_meanwhile_by_another_process_is_not_trained_again(tmp_pa
 
 def test_study_vaco_is_the_scripts_default():
     # the study's "vaco" is what a user gets without flags, in both scripts that carry the method
-    sys.path.insert(0, study.ROOT)
+    sys.path.insert(0, runner.ROOT)
     import vaco_async
     import vaco_continuous
 
-    flags = study.ALGORITHMS["vaco"][1]
+    flags = presets.ALGORITHMS["vaco"][1]
     for module in (vaco_continuous, vaco_async):
         assert float(flags[flags.index("--tv-threshold") + 1]) == module.Args.tv_threshold
         assert flags[flags.index("--tv-reference") + 1] == module.Args.tv_reference
 
 
 def test_a_tiny_study_runs_then_resumes_without_rerunning(tmp_path, capsys):
-    args = study.Args(preset="cpu", algorithms=["vaco-proximal-0.1"], tasks=["Hopper-v4"], ks=[8],
+    args = runner.Args(preset="cpu", algorithms=["vaco-proximal-0.1"], tasks=["Hopper-v4"], ks=[8],
                       shard="1/3", total_timesteps=4096, out_dir=str(tmp_path), jobs=1)
-    study.main(args)
+    runner.main(args)
     (csv_name,) = [n for n in os.listdir(tmp_path) if n.endswith(".csv")]
     rows = open(tmp_path / csv_name).read().splitlines()
     assert rows[0].startswith("step,episodes,return_mean,policy_lag_mean,backward_tv")
     assert [r.split(",")[0] for r in rows[1:]] == ["2048", "4096"]  # one row per update
-    assert float(rows[1].split(",")[study.COLUMNS.index("filter_tv")]) > 0
-    assert float(rows[2].split(",")[study.COLUMNS.index("backward_ratio_max")]) > 1  # a stale snapshot acted
+    assert float(rows[1].split(",")[runner.COLUMNS.index("filter_tv")]) > 0
+    assert float(rows[2].split(",")[runner.COLUMNS.index("backward_ratio_max")]) > 1  # a stale snapshot acted
     meta = json.load(open(tmp_path / csv_name.replace(".csv", ".json")))
     assert meta["command"].startswith("python vaco_continuous.py --env-id Hopper-v4 --policy-buffer 8 --seed 1")
-    assert meta["code"] == study.code_version()
+    assert meta["code"] == runner.code_version()
     capsys.readouterr()
-    study.main(args)
+    runner.main(args)
     assert "1 already finished, 0 to go" in capsys.readouterr().out
 
 
@@ -679,8 +682,8 @@ def test_a_run_records_the_commit_and_the_python_files_that_differ_from_it(tmp_p
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *words], cwd=tmp_path, check=True,
                        capture_output=True)
 
-    monkeypatch.setattr(study, "ROOT", str(tmp_path))
-    assert study.code_version() is None  # not a git repository
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path))
+    assert runner.code_version() is None  # not a git repository
     git("init", "-q")
     (tmp_path / "script.py").write_text("x = 1\n")
     (tmp_path / "notes.md").write_text("a\n")
@@ -689,9 +692,9 @@ def test_a_run_records_the_commit_and_the_python_files_that_differ_from_it(tmp_p
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     (tmp_path / "notes.md").write_text("b\n")  # not code
     (tmp_path / "scratch.py").write_text("")  # untracked: trains nothing
-    assert study.code_version() == dict(commit=commit, modified=[])
+    assert runner.code_version() == dict(commit=commit, modified=[])
     (tmp_path / "script.py").write_text("x = 2\n")
-    assert study.code_version() == dict(commit=commit, modified=["script.py"])
+    assert runner.code_version() == dict(commit=commit, modified=["script.py"])
 
 
 @pytest.mark.parametrize("overrides, message", [(dict(preset="gpu"), "unknown preset 'gpu'"),
@@ -703,7 +706,7 @@ def test_a_run_records_the_commit_and_the_python_files_that_differ_from_it(tmp_p
                                                 (dict(time_limit="0m"), "--time-limit must be more than 0")])
 def test_study_bad_input(overrides, message):
     with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
-        study.main(study.Args(**overrides))
+        runner.main(runner.Args(**overrides))
 
 
 # --- benchmark/study/script_curves.py: one script's learning curves, for its page ---------------------
@@ -734,8 +737,8 @@ def test_script_curves_draw_the_script_at_its_defaults(tmp_path, saved):
     fig = saved[out]
     readable(fig)  # labelled axes, text >= 9 pt, two panels a row, a legend
     image = Image.open(out)
-    assert image.info["dpi"][0] == pytest.approx(analyze.FIGURE_DPI, abs=0.5)
-    assert image.size[0] == round(analyze.FIGURE_WIDTH * analyze.FIGURE_DPI)
+    assert image.info["dpi"][0] == pytest.approx(plotting.FIGURE_DPI, abs=0.5)
+    assert image.size[0] == round(plotting.FIGURE_WIDTH * plotting.FIGURE_DPI)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [block.get_suptitle() for block in fig.subfigs] == ["TaskA-v4", "TaskB-v4"]  # one block per task
     assert [ax.get_title() for ax in panels] == ["K = 1", "K = 8"] * 2
@@ -744,16 +747,16 @@ def test_script_curves_draw_the_script_at_its_defaults(tmp_path, saved):
     std = np.std([returns[s] for s in returns], axis=0)  # 8.16 for every slice
     for ax, offset, ppo in zip(panels, (0, 0, 100, 100), (0.0, 0.0, 5.0, 5.0)):
         lines = {line.get_color(): line for line in ax.get_lines()}
-        assert set(lines) == {analyze.colour("ppo"), analyze.colour("vaco")}
-        vaco = lines[analyze.colour("vaco")]
+        assert set(lines) == {plotting.colour("ppo"), plotting.colour("vaco")}
+        vaco = lines[plotting.colour("vaco")]
         np.testing.assert_allclose(vaco.get_ydata(), mean + offset)  # the mean over the three seeds
         np.testing.assert_allclose(vaco.get_xdata(), np.arange(1, 51) * 1000 / 1e6)  # env steps, millions
-        np.testing.assert_allclose(lines[analyze.colour("ppo")].get_ydata(), ppo)
+        np.testing.assert_allclose(lines[plotting.colour("ppo")].get_ydata(), ppo)
         band = ax.collections[1].get_paths()[0].vertices[:, 1]  # vaco's band: mean - std to mean + std
         assert band.min() == pytest.approx(mean[0] + offset - std[0])
         assert band.max() == pytest.approx(mean[-1] + offset + std[-1])
     # the runs drawn, read from their commands: both study names of VACO's defaults, nothing else
-    runs = [run for run in analyze.load_runs(folder) if run[0]["k"] in (1, 8)]
+    runs = [run for run in scores.load_runs(folder) if run[0]["k"] in (1, 8)]
     chosen, names = script_curves.runs_at_defaults(runs, "vaco_continuous.py")
     assert names == {"vaco-behaviour-0.1": {"TaskA-v4"}, "vaco": {"TaskB-v4"}}
     assert len(chosen) == 2 * 2 * 3 and {meta["algorithm"] for meta, _ in chosen} == {"vaco"}
@@ -772,11 +775,11 @@ def test_random_scores_meet_their_precision_against_ppo_and_are_measured_once(tm
     write_run(folder, "Reacher-v4", "ppo", 1, 1, [-5.0] * 10)  # PPO's final return: -5
     write_run(folder, "Reacher-v4", "vaco", 1, 1, [-6.0] * 10)
     random_scores.main(random_scores.Args(folder))
-    entry = analyze.load_random_scores(folder)["Reacher-v4"]
+    entry = random_scores.load_random_scores(folder)["Reacher-v4"]
     assert entry["reference"] == -5.0 and entry["episodes"] > 20
     assert entry["stderr"] <= 0.01 * abs(-5.0 - entry["mean"])
     # the fewest episodes that meet it: one episode fewer does not
-    returns = list(itertools.islice(analyze.random_episode_returns("Reacher-v4"), entry["episodes"]))
+    returns = list(itertools.islice(random_scores.random_episode_returns("Reacher-v4"), entry["episodes"]))
     assert np.mean(returns) == pytest.approx(entry["mean"])
     shorter = returns[:-1]
     assert np.std(shorter, ddof=1) / np.sqrt(len(shorter)) > 0.01 * abs(-5.0 - np.mean(shorter))
@@ -784,10 +787,10 @@ def test_random_scores_meet_their_precision_against_ppo_and_are_measured_once(tm
     random_scores.main(random_scores.Args(folder))  # already precise enough: nothing measured again
     assert capsys.readouterr().out == ""
     # a task without a PPO K = 1 run gets the minimum, and a bare number (20 episodes) still loads
-    assert analyze.measure_random("Reacher-v4", None)["episodes"] == 20
+    assert random_scores.measure_random("Reacher-v4", None)["episodes"] == 20
     with open(os.path.join(folder, "random_scores.json"), "w") as f:
         json.dump({"Reacher-v4": -43.0}, f)
-    assert analyze.load_random_scores(folder)["Reacher-v4"]["mean"] == -43.0
+    assert random_scores.load_random_scores(folder)["Reacher-v4"]["mean"] == -43.0
 
 
 def imported_names(source):
@@ -844,11 +847,11 @@ def benchmark_sources():
 def test_each_folder_of_benchmark_imports_its_own_modules_and_the_common_one_only():
     sources = benchmark_sources()
     graph = benchmark_imports(sources)
-    assert "benchmark.study.analyze" in graph["benchmark.study.random_scores"]
+    assert "benchmark.study.random_scores" in graph["benchmark.study.analyze"]
     assert import_cycle(graph) is None, " -> ".join(import_cycle(graph))
     for module, imported in graph.items():
-        room = module.split(".")[1]
-        assert all(name == "benchmark.common" or name.split(".")[1] == room for name in imported), (module, imported)
+        folder = module.split(".")[1]
+        assert all(name == "benchmark.common" or name.split(".")[1] == folder for name in imported), (module, imported)
     for module, source in sources.items():  # the tests import benchmark code; benchmark never imports the tests
         assert not {name.split(".")[0] for name in imported_names(source)} & {"tests", "conftest"}, module
     # the check itself finds a circle, even one through an import inside a function

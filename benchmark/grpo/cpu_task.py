@@ -11,8 +11,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS  # noqa: E402
+from benchmark.common import RESULTS
 
 CACHE = Path(RESULTS) / "tmp"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -47,7 +47,7 @@ from typing import Optional
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS, ROOT, tensorboard_log, write_csv  # noqa: E402
+from benchmark.common import RESULTS, ROOT, move_stale, tensorboard_log, write_csv  # noqa: E402
 from benchmark.grpo.cpu_task import (CACHE, DATA, ONE_THREAD, delta_by_rule, smollm2_dir, task_flags,  # noqa: E402
                                      write_problems)
 
@@ -166,15 +166,6 @@ def load_json(path: str):
 def is_finished(run: Run, out_dir: str, delta) -> bool:
     meta = load_json(os.path.join(out_dir, run.name + ".json"))
     return meta is not None and meta["command"] == run.command(delta)
-
-
-def move_stale(run: Run, out_dir: str):
-    stale = [p for p in glob.glob(os.path.join(out_dir, run.name + ".*")) if os.path.isfile(p)]
-    if stale:
-        os.makedirs(os.path.join(out_dir, "stale"), exist_ok=True)
-        for p in stale:
-            os.replace(p, os.path.join(out_dir, "stale", os.path.basename(p)))
-        print(f"note: {run.name} was run with another command; old results moved to stale/", flush=True)
 
 
 def execute(run: Run, out_dir: str, delta) -> float:
@@ -426,7 +417,7 @@ def main(args: Args):
                 while queue and len(pending) < args.jobs:
                     job = queue.pop(0)
                     if isinstance(job, Run):
-                        move_stale(job, out_dir)
+                        move_stale(job.name, out_dir)
                         pending[pool.submit(execute, job, out_dir, d)] = job.name
                     else:  # the accuracy before training, in its own process
                         cmd = [sys.executable, os.path.abspath(__file__), "--evaluate-start", "--out-dir", out_dir]

@@ -4,7 +4,7 @@ each, and whether each folder's mean lies inside the other's 95 % interval of th
     python benchmark/study/compare.py benchmark/results/cpu-1m benchmark/results/cpu-1m-compiled \\
         --names eager compiled
 
-Final return: the mean return of the episodes in the last 10 % of a run's env steps (as analyze.py
+Final return: the mean return of the episodes in the last 10 % of a run's env steps (as scores.py
 scores a run). The intervals are Student's t over each folder's seeds; only the cells both
 folders ran are compared.
 """
@@ -20,7 +20,7 @@ import tyro
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.study.analyze import load_runs, run_scores  # noqa: E402
+from benchmark.study.scores import load_runs, run_scores  # noqa: E402
 
 
 @dataclass

@@ -13,15 +13,93 @@ held to; a rerun measures again only where that precision no longer holds (the s
 them: the measurement is deterministic).
 """
 
+import json
 import os
 import sys
+import warnings
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.study.analyze import load_runs, ppo_references, update_random_scores  # noqa: E402
+from benchmark.study.scores import RANDOM_SCORES_FILE, load_runs, ppo_references  # noqa: E402
+
+
+def random_episode_returns(task, seed=0):
+    """Returns of uniformly random actions, one episode after another (episode i reset with seed + i)."""
+    import gymnasium as gym
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = gym.make(task)
+    env.action_space.seed(seed)
+    try:
+        for episode in range(sys.maxsize):
+            env.reset(seed=seed + episode)
+            total, done = 0.0, False
+            while not done:
+                _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+                total += reward
+                done = terminated or truncated
+            yield total
+    finally:
+        env.close()
+
+
+def measure_random(task, reference=None, precision=0.01, min_episodes=20, max_episodes=20_000, seed=0):
+    """Mean random return of `task`, with episodes added until its standard error is at most
+    precision * |reference - mean| (just min_episodes when there is no reference)."""
+    returns = []
+    with closing(random_episode_returns(task, seed)) as episodes:
+        for total in episodes:
+            returns.append(total)
+            n = len(returns)
+            if n >= min_episodes:
+                mean, stderr = np.mean(returns), np.std(returns, ddof=1) / np.sqrt(n)
+                if reference is None or stderr <= precision * abs(reference - mean) or n >= max_episodes:
+                    break
+    return {"mean": float(mean), "stderr": float(stderr), "episodes": n, "reference": reference}
+
+
+def load_random_scores(folder):
+    """{task: entry} from the folder's random_scores.json ({} if none). A bare number is a mean
+    measured over 20 episodes without a precision target."""
+    path = os.path.join(folder, RANDOM_SCORES_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        stored = json.load(f)
+    return {task: v if isinstance(v, dict) else {"mean": v, "episodes": 20, "reference": None}
+            for task, v in stored.items()}
+
+
+def random_score_holds(entry, reference, precision):
+    """Whether a stored entry meets the precision against this PPO mean."""
+    if reference is None:
+        return True
+    return "stderr" in entry and entry["stderr"] <= precision * abs(reference - entry["mean"])
+
+
+def update_random_scores(folder, tasks, references, precision=0.01, min_episodes=20):
+    """Measure every task of `tasks` whose stored entry is missing or no longer meets the precision;
+    write the file when anything changed. Returns {task: entry}."""
+    entries = load_random_scores(folder)
+    changed = False
+    for task in tasks:
+        reference = references.get(task)
+        if task not in entries or not random_score_holds(entries[task], reference, precision):
+            entries[task] = measure_random(task, reference, precision, min_episodes)
+            changed = True
+            e = entries[task]
+            print(f"{task}: random {e['mean']:.2f} ± {e['stderr']:.2f} (standard error, {e['episodes']} episodes)"
+                  + (f", PPO {reference:.1f}" if reference is not None else ", no PPO K = 1 run yet"), flush=True)
+    if changed:
+        with open(os.path.join(folder, RANDOM_SCORES_FILE), "w") as f:
+            json.dump(entries, f, indent=1, sort_keys=True)
+    return entries
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Do today's scripts train as those of a reference commit do, step for step? Each of the study's
-algorithms (benchmark/study/run.py), run as the study runs it (compiled, with lag), once with the scripts
+algorithms (benchmark/study/presets.py), run as the study runs it (compiled, with lag), once with the scripts
 as of the reference commit and once with today's, on this machine, with the same seed and flags; every
 TensorBoard series the two runs share is compared exactly (wall-clock series such as SPS aside).
 
@@ -21,7 +21,7 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import ROOT, read_scalars, script_at  # noqa: E402
-from benchmark.study.run import ALGORITHMS  # noqa: E402
+from benchmark.study.presets import ALGORITHMS  # noqa: E402
 
 WALL_CLOCK = {"charts/SPS", "charts/updates_per_second"}  # series that depend on the machine's speed
 

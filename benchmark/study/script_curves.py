@@ -15,7 +15,7 @@ VACO at its defaults `vaco` on some tasks and `vaco-behaviour-0.1` on others, an
 one curve, labelled with the study's name for the script's defaults (`ppo`, `vaco`, `spo`). Runs
 that trained identically (the same command but for `--exp-name`) count once.
 
-The drawing is benchmark/study/analyze.py's (`curves_figure`): the return of the episodes that ended in
+The drawing is the study report's (`plotting.curves_figure`): the return of the episodes that ended in
 each 2 % of a run's env steps (`slice_scores`), in the colours of the study's figures.
 """
 
@@ -32,10 +32,11 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import ROOT  # noqa: E402
-from benchmark.study import analyze  # noqa: E402
-from benchmark.study.run import training_command  # noqa: E402
+from benchmark.study.plotting import curves_figure  # noqa: E402
+from benchmark.study.presets import training_command  # noqa: E402
+from benchmark.study.scores import load_runs  # noqa: E402
 
-# the study's name for each script at its defaults; analyze.py draws and colours them by these names
+# the study's name for each script at its defaults; the report draws and colours them by these names
 LABELS = {"ppo_continuous.py": "ppo", "vaco_continuous.py": "vaco", "spo_continuous.py": "spo",
           "geppo_continuous.py": "geppo"}
 # flags a study sets per run without changing the method
@@ -114,7 +115,7 @@ def main(args: Args):
         sys.exit("error: --reference is the script itself")
     if not os.path.isdir(args.results_dir):
         sys.exit(f"error: {args.results_dir} is not a folder")
-    runs = [(meta, rows) for meta, rows in analyze.load_runs(args.results_dir) if meta.get("k") in args.ks]
+    runs = [(meta, rows) for meta, rows in load_runs(args.results_dir) if meta.get("k") in args.ks]
     drawn = []
     for script in scripts:
         chosen, names = runs_at_defaults(runs, script)
@@ -129,7 +130,7 @@ def main(args: Args):
         keys.setdefault((meta["algorithm"], meta["k"]), set()).add(meta["task"])
     out = args.out or os.path.join(ROOT, "docs", "img", "curves", args.script[: -len(".py")] + ".png")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    analyze.curves_figure(drawn, keys, sorted(args.ks), (), out, shown={LABELS[s] for s in scripts})
+    curves_figure(drawn, keys, sorted(args.ks), (), out, shown={LABELS[s] for s in scripts})
     print(f"figure: {out}")
 
 

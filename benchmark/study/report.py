@@ -1,0 +1,36 @@
+"""How the report writes what a section found: Markdown lines, a section between the snippet markers by which a docs
+page includes it (pymdownx.snippets), numbers with their intervals, and the line for a block of runs still running.
+"""
+
+from benchmark.study.estimates import t_interval
+from benchmark.study.presets import LAG_METHODS
+
+
+def marked(name, lines):
+    """Lines between snippet markers, so that a docs page can include them (pymdownx.snippets)."""
+    return [f"<!-- --8<-- [start:{name}] -->", *lines, f"<!-- --8<-- [end:{name}] -->", ""] if lines else []
+
+
+def titled(title, name, lines):
+    """A heading, then `lines` between snippet markers: the heading stays outside them, since a page
+    that includes the section has its own (a heading inside would repeat in the page's contents)."""
+    return [f"### {title}", "", *marked(name, lines)] if lines else []
+
+
+def fmt_interval(point, interval):
+    return f"{point:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def interval_cell(values):
+    """Mean and 95% t-interval of a list of final returns ("" if none; one seed has no interval)."""
+    if not values:
+        return ""
+    mean, (lo, hi) = t_interval(values)
+    return f"{mean:.0f} (1 seed)" if len(values) == 1 else f"{mean:.0f} [{lo:.0f}, {hi:.0f}]"
+
+
+def incomplete_line(partial, k):
+    """The line under a table that names the blocks of runs at K = k still running ({algorithm: (runs, planned)})."""
+    return [f"Incomplete at K = {k}, in no table here: " + ", ".join(
+        f"{LAG_METHODS.get(a, a)} ({runs} of {expected} runs)" for a, (runs, expected) in partial.items()) + ".", ""] \
+        if partial else []
