@@ -14,9 +14,11 @@ import html
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -264,6 +266,57 @@ def test_no_list_directly_follows_a_paragraph():
 
 
 # ---- the script pages: every option with its default, every logged metric ----------------------
+
+
+# Where a reader finds the benchmarks' commands: the pages, the READMEs and CONTRIBUTING.md.
+COMMAND_FILES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmark" / "README.md", *PAGES]
+BENCHMARK_COMMAND = re.compile(r"python3? (benchmark/[\w/]+\.py)(.*)")
+
+
+def benchmark_commands():
+    """{script: [(where, [its flags])]} of every `python benchmark/...py` command in COMMAND_FILES, in code blocks
+    (continued lines joined) and inline code. Flags: the words of the command that start with --, before a bare --
+    (after it: the flags of the script it runs) or the end of the command; quoted words are another script's."""
+    found = {}
+    for path in COMMAND_FILES:
+        text = read(path)
+        blocks = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S)
+        inline = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+        for chunk in blocks + inline:
+            for line in chunk.replace("\\\n", " ").splitlines():
+                for m in BENCHMARK_COMMAND.finditer(line):
+                    words = shlex.split(m.group(2).replace(";--8<--", ""), comments=True)
+                    flags = []
+                    for word in words:
+                        if word in ("--", "&&", "&", ";", "|"):
+                            break
+                        if word.startswith("--") and " " not in word:
+                            flags.append(word.split("=")[0])
+                    found.setdefault(m.group(1), []).append((path.relative_to(ROOT), flags))
+    return found
+
+
+def test_every_benchmark_command_in_the_docs_names_a_script_and_options_it_has():
+    """A benchmark moved, renamed or given other options fails here, not in a reader's shell: each command's script
+    exists, and its --help lists each option the command passes."""
+    commands = benchmark_commands()
+    assert len(commands) >= 15, sorted(commands)
+    for script, uses in commands.items():
+        assert (ROOT / script).is_file(), f"{uses[0][0]}: {script} does not exist"
+
+    def help_text(script):
+        result = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "COLUMNS": "200"})
+        assert result.returncode == 0, f"{script} --help: {result.stderr[-2000:]}"
+        return result.stdout
+
+    with ThreadPoolExecutor(4) as pool:
+        helps = dict(zip(commands, pool.map(help_text, commands)))
+    for script, uses in commands.items():
+        for where, flags in uses:
+            for flag in flags:
+                assert re.search(re.escape(flag) + r"(?![\w-])", helps[script]), \
+                    f"{where}: {script} has no option {flag}"
 
 
 def script_options(script):
