@@ -23,7 +23,7 @@ def instrumented(tmp_path, monkeypatch):
     module = lag_by_age.import_script(os.path.join(ROOT, "ppo_continuous.py"), "ppo_continuous_instrumented")
     rows = []
     lag_by_age.instrument(module, rows)
-    module.main(module.Args(**SETTINGS))
+    module.main(module.Args(**SETTINGS, exp_name="instrumented"))  # its own run folder beside the plain run's
     write_csv("ages.csv", rows, lag_by_age.COLUMNS)
     (run_dir,) = glob.glob("runs/*")
     with open("ages.csv") as f:
@@ -32,7 +32,7 @@ def instrumented(tmp_path, monkeypatch):
 
 def test_an_instrumented_run_trains_as_the_script_alone(instrumented, train):
     _, scalars = instrumented
-    _, plain = train(ppo, total_timesteps=512, policy_buffer=3, clip_reference="proximal")
+    _, plain = train(ppo, exp_name="plain", total_timesteps=512, policy_buffer=3, clip_reference="proximal")
     for tag in ("losses/policy_loss", "losses/entropy", "charts/episodic_return", "charts/backward_ratio_max"):
         assert scalars[tag] == plain[tag]
 
