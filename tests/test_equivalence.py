@@ -121,9 +121,8 @@ def changed_lines(a, b):
                                                ("vaco_continuous.py", "geppo_continuous.py", 250)])
 def test_diff_stays_the_method(base, other, limit):
     # what a reader checks with `diff ppo_continuous.py <other>` (and `diff vaco_continuous.py geppo_continuous.py`,
-    # the sibling that shares VACO's V-trace): the method (and PPO's own options: PPO-KL, decoupled PPO, the remedies for
-    # lag), not a
-    # second pipeline
+    # the sibling that shares VACO's V-trace): the method (and PPO's own options: PPO-KL, decoupled PPO, the remedies
+    # for lag), not a second pipeline
     lines = changed_lines(base, other)
     assert 0 < len(lines) <= limit, f"{len(lines)} changed lines"
 
