@@ -422,8 +422,9 @@ def minibatch_loss(params, agent, mb, args):
     mb_advantages = mb["advantages"]
     if args.max_policy_lag is not None:  # the stale samples' advantages: 0, and out of the normalisation
         kept = (mb["ages"] < args.max_policy_lag).float()
-        centred = (mb_advantages - (kept * mb_advantages).sum() / kept.sum()) * kept
-        scale = (centred.square().sum() / (kept.sum() - 1)).sqrt() + 1e-8 if args.norm_adv else 1.0
+        count = kept.sum().clamp(min=2)  # a minibatch with fewer than 2 recent samples trains no policy
+        centred = (mb_advantages - (kept * mb_advantages).sum() / count) * kept * (kept.sum() > 1)
+        scale = (centred.square().sum() / (count - 1)).sqrt() + 1e-8 if args.norm_adv else 1.0
         mb_advantages = centred / scale
     elif args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)

@@ -64,6 +64,13 @@ def test_max_policy_lag_trains_the_policy_on_the_recent_samples_alone():
     torch.testing.assert_close(policy_gradient(mb, max_policy_lag=3), share * alone, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("ages", [[5] * 12, [5] * 11 + [0]])
+def test_max_policy_lag_without_two_recent_samples_trains_no_policy(ages):
+    # at K = 32 all 8 actors draw a snapshot 8 or more updates old in one update of 10, and a minibatch can hold one
+    # recent sample: no mean and standard deviation to normalise by, so no policy gradient (and no NaN)
+    assert policy_gradient(minibatch(ages), max_policy_lag=3).abs().max().item() == 0.0
+
+
 def test_max_policy_lag_changes_nothing_where_every_sample_is_recent():
     mb = minibatch([0] * 12)  # K = 1: every sample acted by pi_T itself
     torch.testing.assert_close(policy_gradient(mb, max_policy_lag=1), policy_gradient(mb), rtol=1e-5, atol=1e-7)
