@@ -71,14 +71,14 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: Optional[float] = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
+    max_update_kl: Optional[float] = None
+    """stop an update's epochs once the policy has moved this far from pi_T: the exact KL(pi_T || pi_theta)
+    of the Gaussians, averaged over the batch's states, whichever policies acted (None: every epoch runs)"""
     kl_coef: float = 0.0
     """PPO-KL: add kl_coef * KL(behaviour || policy) (k3 estimator) to the loss; 0 disables it"""
     clip_reference: Literal["behaviour", "proximal"] = "behaviour"
     """what the clip is centred on: beta, the policy that acted (PPO), or pi_T, the learner at the update's
     start, with the weight pi_T/beta correcting for the stale actors (decoupled PPO, Hilton et al. 2021)"""
-    max_update_kl: Optional[float] = None
-    """stop an update's epochs once the policy has moved this far from pi_T: the exact KL(pi_T || pi_theta)
-    of the Gaussians, averaged over the batch's states, whichever policies acted (None: every epoch runs)"""
     max_policy_lag: Optional[int] = None
     """leave out of the policy loss the samples of actors whose snapshot is this many updates old or older
     (None: every sample; the critic learns from all of them)"""
@@ -623,9 +623,10 @@ def check_args(args: Args) -> None:
             sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.policy_buffer < 1:
         sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
-    if args.max_update_kl is not None and args.max_update_kl <= 0 or args.max_policy_lag is not None and args.max_policy_lag < 1:
-        sys.exit(f"error: --max-update-kl must be > 0 and --max-policy-lag >= 1, got {args.max_update_kl}, "
-                 f"{args.max_policy_lag}")
+    if args.max_update_kl is not None and args.max_update_kl <= 0:
+        sys.exit(f"error: --max-update-kl must be > 0, got {args.max_update_kl}")
+    if args.max_policy_lag is not None and args.max_policy_lag < 1:
+        sys.exit(f"error: --max-policy-lag must be >= 1, got {args.max_policy_lag}")
     for name in ("eval_episodes", "checkpoint_every"):
         if getattr(args, name) < 0:
             sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")

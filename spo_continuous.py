@@ -77,6 +77,9 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: Optional[float] = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
+    max_update_kl: Optional[float] = None
+    """stop an update's epochs once the policy has moved this far from pi_T: the exact KL(pi_T || pi_theta)
+    of the Gaussians, averaged over the batch's states, whichever policies acted (None: every epoch runs)"""
 
     # Simulated asynchrony
     policy_buffer: int = 1
@@ -241,6 +244,20 @@ def gaussian_logprob(action, mean, logstd):
 
 def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
+
+
+def gaussian_kl(mean_p, logstd_p, mean_q, logstd_q):
+    """KL(p || q) of diagonal Gaussians, per row:
+        sum_j log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2"""
+    return (logstd_q - logstd_p + ((2 * logstd_p).exp() + (mean_p - mean_q) ** 2) / (2 * (2 * logstd_q).exp())
+            - 0.5).sum(-1)
+
+
+@torch.no_grad()
+def update_kl(actor, obs, proximal):
+    """How far the policy has moved from pi_T: KL(pi_T || pi_theta) averaged over the states `obs`, with pi_T's
+    (mean, log-std) there in `proximal`. Exact for Gaussians, so it does not depend on which actions were taken."""
+    return gaussian_kl(*proximal, *actor(obs)).mean().item()
 
 
 class PolicyBuffer:
@@ -501,6 +518,9 @@ def main(args: Args):
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
                 for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
+        flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
+        with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
+            proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
@@ -512,6 +532,8 @@ def main(args: Args):
                     stats[name].append(value)
 
             if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
+                break
+            if args.max_update_kl is not None and update_kl(agent.actor, flat["obs"], proximal) > args.max_update_kl:
                 break
 
         # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
@@ -526,6 +548,7 @@ def main(args: Args):
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/update_kl", update_kl(agent.actor, flat["obs"], proximal), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
                 and iteration < num_iterations:
@@ -553,6 +576,8 @@ def check_args(args: Args) -> None:
         sys.exit(f"error: --epsilon must be positive, got {args.epsilon}")
     if args.policy_buffer < 1:
         sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
+    if args.max_update_kl is not None and args.max_update_kl <= 0:
+        sys.exit(f"error: --max-update-kl must be > 0, got {args.max_update_kl}")
     for name in ("eval_episodes", "checkpoint_every"):
         if getattr(args, name) < 0:
             sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")

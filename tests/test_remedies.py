@@ -1,6 +1,6 @@
-"""Remedies for lag in ppo_continuous.py: the exact KL that --max-update-kl stops on, and --max-policy-lag,
-which leaves the stale samples out of the policy loss. Their formulas on hand-made tensors, and what they leave
-as it was: without lag, or with a bound that never binds."""
+"""Remedies for lag: --max-update-kl (every MuJoCo script but vaco_async.py), which stops an update once the exact KL
+from pi_T passes it, and ppo_continuous.py's --max-policy-lag, which leaves the stale samples out of the policy loss.
+Their formulas on hand-made tensors, and what they leave as it was: without lag, or with a bound that never binds."""
 
 import math
 
@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+import geppo_continuous as geppo
 import ppo_continuous as ppo
+import spo_continuous as spo
+import vaco_continuous as vaco
 from conftest import TINY
 
 
@@ -76,23 +79,26 @@ def test_max_policy_lag_changes_nothing_where_every_sample_is_recent():
     torch.testing.assert_close(policy_gradient(mb, max_policy_lag=1), policy_gradient(mb), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("module", [ppo, spo, vaco, geppo], ids=lambda m: m.__name__)
 @pytest.mark.parametrize("max_update_kl, epochs", [(1e9, 2), (1e-12, 1)])
-def test_max_update_kl_stops_the_epochs_once_the_policy_has_moved_that_far(train, monkeypatch, max_update_kl, epochs):
+def test_max_update_kl_stops_the_epochs_once_the_policy_has_moved_that_far(train, monkeypatch, module, max_update_kl,
+                                                                         epochs):
     # TINY: 2 updates of 4 minibatches, 2 epochs. A bound that never binds runs every step, bit for bit as
     # without it; one that any step passes stops each update after its first epoch.
-    steps, train_step, update_kl = [], ppo.train_step, ppo.update_kl
-    monkeypatch.setattr(ppo, "train_step", lambda *a: steps.append(1) or train_step(*a))
+    settings = dict(policy_buffer=2)
+    steps, train_step, update_kl = [], module.train_step, module.update_kl
+    monkeypatch.setattr(module, "train_step", lambda *a: steps.append(1) or train_step(*a))
 
     def measured_from_pi_t(actor, obs, proximal):  # pi_T's log-std a copy, not a view of the parameter that moves
         assert proximal[1].untyped_storage().data_ptr() != actor.logstd.untyped_storage().data_ptr()
         return update_kl(actor, obs, proximal)
 
-    monkeypatch.setattr(ppo, "update_kl", measured_from_pi_t)
-    _, bounded = train(ppo, clip_reference="proximal", policy_buffer=2, max_update_kl=max_update_kl)
+    monkeypatch.setattr(module, "update_kl", measured_from_pi_t)
+    _, bounded = train(module, exp_name="bounded", max_update_kl=max_update_kl, **settings)
     assert len(steps) == 2 * 4 * epochs
     if epochs == 2:
         monkeypatch.undo()
-        _, free = train(ppo, clip_reference="proximal", policy_buffer=2)
+        _, free = train(module, exp_name="free", **settings)
         for tag in ("losses/policy_loss", "charts/update_kl", "charts/episodic_return"):
             assert bounded[tag] == free[tag]
     else:
