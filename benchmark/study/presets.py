@@ -43,6 +43,9 @@ ALGORITHMS = {
     # of the policy loss (those of snapshots 8 or more updates old: K = 8's ages, a quarter of the batch)
     "ppo-decoupled-kl-0.015": ("ppo_continuous.py", ["--clip-reference", "proximal", "--max-update-kl", "0.015"]),
     "ppo-decoupled-lag-8": ("ppo_continuous.py", ["--clip-reference", "proximal", "--max-policy-lag", "8"]),
+    # the same KL stop under V-trace's advantages and decoupled PPO's clip, the method that narrows the policy most
+    "vtrace-decoupled-kl-0.015": ("vaco_continuous.py", ["--no-tv-filter", "--clip-reference", "proximal",
+                                                         "--max-update-kl", "0.015"]),
 }
 # The delta sweep: every threshold against each reference policy.
 DELTAS = (0.05, 0.1, 0.2)
@@ -106,6 +109,8 @@ PRESETS = {
     # its adaptive actor rate, on decoupled PPO's advantages)
     "ten-tasks-k32-remedies": (1_000_000, [1, 2, 3], [(["ppo-decoupled-kl-0.015", "ppo-decoupled-lag-8", "geppo-gae"],
                                                        [32], LAG_TASKS)]),
+    # A fourth remedy, seed 1 only: V-trace's advantages with the KL stop, screened beside the three above
+    "ten-tasks-k32-screen": (1_000_000, [1], [(["vtrace-decoupled-kl-0.015"], [32], LAG_TASKS)]),
     # The README's main job at length: Ant-v4 at K = 8 for 3M steps.
     "ant-3m": (3_000_000, [1, 2, 3], [(["ppo", "vaco"], [8], ["Ant-v4"])]),
     "paper": (1_000_000, list(range(1, 11)), [
@@ -115,7 +120,7 @@ PRESETS = {
 
 # Presets that add runs to another preset's folder, whose report reads them together
 FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tasks", "ten-tasks-k32": "ten-tasks",
-           "ten-tasks-geppo-eps": "ten-tasks", "ten-tasks-k32-remedies": "ten-tasks"}
+           "ten-tasks-geppo-eps": "ten-tasks", "ten-tasks-k32-remedies": "ten-tasks", "ten-tasks-k32-screen": "ten-tasks"}
 
 # How the report names and orders the algorithms. The algorithms of its aggregates, in the order of its tables and
 # figures (its colours follow it); then the methods under lag that it sets beside PPO (the lag they win back, the
