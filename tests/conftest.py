@@ -25,6 +25,14 @@ def cli_flags(**settings):
     return flags
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_run_in_the_repository():
+    """A test that trains outside its temporary folder fails the session (two such runs in one second collide)."""
+    before = set(glob.glob(os.path.join(ROOT, "runs", "*")))
+    yield
+    assert set(glob.glob(os.path.join(ROOT, "runs", "*"))) == before, "a test wrote runs/ into the repository"
+
+
 @pytest.fixture
 def train(tmp_path, monkeypatch):
     """train(module, **overrides) runs module.main in a fresh folder; returns (run_dir, scalars)."""

@@ -68,11 +68,12 @@ def test_each_vaco_component_changes_the_run(train):
 def test_spo_is_ppo_but_for_the_policy_loss(train, monkeypatch):
     # with PPO's clipped surrogate in place of SPO's objective, the SPO script trains exactly as PPO
     _, reference = train(ppo, exp_name="ppo", **FEW_UPDATES)
+    spo_policy_loss = spo.spo_policy_loss
     monkeypatch.setattr(spo, "spo_policy_loss", lambda newlogprob, behavior_logprob, advantages, epsilon:
                         ppo.ppo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon))
     _, swapped = train(spo, exp_name="swapped", **FEW_UPDATES)
     assert_same_run(reference, swapped)
-    monkeypatch.undo()
+    monkeypatch.setattr(spo, "spo_policy_loss", spo_policy_loss)  # not undo(): that would leave the run's folder too
     _, own = train(spo, exp_name="spo", **FEW_UPDATES)
     assert own["losses/policy_loss"] != reference["losses/policy_loss"]
 
