@@ -96,7 +96,7 @@ class Args:
     c_bar: float = 1.0
     """V-trace: clip of the importance ratios in the trace (c-bar; GePPO's truncation 1)"""
     advantage_alignment: bool = True
-    """V-trace advantages of the learner's policy; `--no-advantage-alignment` uses GAE"""
+    """V-trace advantages of pi_T, the learner at the update's start; `--no-advantage-alignment` uses GAE"""
     adapt_lr: bool = True
     """GePPO's learning-rate rule: after each update, divide the actor's rate by 1 + adapt_factor if TV(pi_theta, pi_T)
     passed adapt_maxthresh * eps/2, multiply it by 1 + adapt_factor if it stayed under adapt_minthresh * eps/2"""
@@ -291,8 +291,8 @@ class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
     Snapshots are frozen deep copies, so later updates of the learner never reach them. Age 0 is
-    the newest snapshot (the learner's current policy), age K-1 the oldest. After each update the
-    learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
+    the newest snapshot (pi_T, the learner at the update's start), age K-1 the oldest. After each update
+    the learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
 
     def __init__(self, actor, size):
         self.snapshots = collections.deque(maxlen=size)
@@ -355,7 +355,8 @@ def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scal
             for i in np.flatnonzero(infos["_episode"]):
                 episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
     # the behaviour log-probabilities, all steps at once (each actor's log-std is the same at every step)
-    rollout["logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means), logstd).numpy()
+    rollout["behaviour_logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means),
+                                                     logstd).numpy()
     return rollout, current_obs, episodes
 # --8<-- [end:rollout]
 
@@ -382,22 +383,22 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
 
 
 # --8<-- [start:vtrace_advantages]
-def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_values,
+def vtrace_advantages(behaviour_logprobs, proximal_logprobs, rewards, values, next_values,
                       terminations, dones, gamma, lam, rho_bar=1.0, c_bar=1.0):
     """All inputs are float tensors shaped [T, N] (time-major); returns (advantages, value_targets).
 
-    V-trace (IMPALA) with lambda: the value and advantages of the target policy pi_T estimated from
-    data of the behaviour policy beta. Same conventions as `compute_gae`.
-        rho_t = pi_T(a_t|s_t) / beta(a_t|s_t),  c_t = min(c_bar, rho_t)
-        TD_t = min(rho_bar, rho_t) * (r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t))
+    V-trace (IMPALA) with lambda: the value and advantages of pi_T, the learner at the update's start,
+    from data of the behaviour policy beta; V-trace's rho_t is the weight w_t. Same conventions as `compute_gae`.
+        w_t = pi_T(a_t|s_t) / beta(a_t|s_t),  c_t = min(c_bar, w_t)
+        TD_t = min(rho_bar, w_t) * (r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t))
         v_t - V(s_t) = TD_t + gamma * lam * (1 - done_t) * c_t * (v_{t+1} - V(s_{t+1})),  zero after T
     value_targets = v_t. The advantages are the lambda-weighted policy-gradient form
         A_t = r_t + gamma * (1 - term_t) * [V(s_{t+1}) + lam * (1 - done_t) * (v_{t+1} - V(s_{t+1}))] - V(s_t)
-    With beta = pi_T (all rho = 1, c = 1) v_t - V(s_t) and A_t are both exactly GAE(lambda).
+    With beta = pi_T (all w = 1, c = 1) v_t - V(s_t) and A_t are both exactly GAE(lambda).
     """
-    rhos = torch.exp(target_logprobs - behavior_logprobs)
-    deltas = torch.clamp(rhos, max=rho_bar) * (rewards + gamma * (1.0 - terminations) * next_values - values)
-    discounts = gamma * (1.0 - dones) * lam * torch.clamp(rhos, max=c_bar)
+    weight = torch.exp(proximal_logprobs - behaviour_logprobs)
+    deltas = torch.clamp(weight, max=rho_bar) * (rewards + gamma * (1.0 - terminations) * next_values - values)
+    discounts = gamma * (1.0 - dones) * lam * torch.clamp(weight, max=c_bar)
     vs_minus_values = torch.zeros_like(rewards)
     acc = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):  # only the recursion is sequential
@@ -414,8 +415,8 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
 # --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
-    """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
-    behaviour policies) by V-trace, and V-trace value targets (`returns`) for the critic, from the
+    """Advantage alignment: advantages of pi_T, the learner at the update's start (not of the stale
+    behaviour policies), by V-trace, and V-trace value targets (`returns`) for the critic, from the
     learner's current critic, with pi_T's log-probabilities of the batch actions (`proximal_logprobs`).
     Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
     values = agent.get_value(b["obs"])
@@ -427,7 +428,7 @@ def estimate_advantages(agent, b, args):
         returns = advantages + values
     else:
         advantages, returns = vtrace_advantages(
-            b["logprobs"], proximal_logprobs, b["rewards"], values, next_values, b["terminations"],
+            b["behaviour_logprobs"], proximal_logprobs, b["rewards"], values, next_values, b["terminations"],
             b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
         )
     return dict(values=values, proximal_logprobs=proximal_logprobs, advantages=advantages, returns=returns)
@@ -435,17 +436,17 @@ def estimate_advantages(agent, b, args):
 
 
 # --8<-- [start:geppo_policy_loss]
-def geppo_policy_loss(newlogprob, behavior_logprob, weight, advantages, eps):
+def geppo_policy_loss(newlogprob, behaviour_logprobs, weight, advantages, clip_coef):
     """GePPO's clipped surrogate: PPO's, with the ratio clipped to a band around w = pi_T/beta instead of around 1:
         L = -mean(min(rho * A, clip(rho, w - eps, w + eps) * A)),   rho = pi_theta(a|s) / beta(a|s)
     In r = pi_theta/pi_T the band is [1 - eps/w, 1 + eps/w]: narrower for a sample pi_T already finds likelier
     than beta did. No gradient pushes |rho - w| past eps, so TV(pi_theta, pi_T) ~ 1/2 mean|rho - w| stays near
     eps/2 or below, however far beta is from pi_T (decoupled PPO's band, [1 - eps, 1 + eps] on r with the
     weight w, is [w - w eps, w + w eps] on rho: wider wherever w > 1). At zero lag (w = 1) it is PPO's loss.
-    Returns (loss, rho)."""
-    ratio = (newlogprob - behavior_logprob).exp()
+    Returns (loss, ratio)."""
+    ratio = (newlogprob - behaviour_logprobs).exp()
     pg_loss1 = -advantages * ratio
-    pg_loss2 = -advantages * torch.clamp(ratio, weight - eps, weight + eps)
+    pg_loss2 = -advantages * torch.clamp(ratio, weight - clip_coef, weight + clip_coef)
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
 # --8<-- [end:geppo_policy_loss]
 
@@ -459,15 +460,15 @@ def minibatch_loss(params, agent, mb, args):
     entropy = gaussian_entropy(logstd)
 
     # w = pi_T/beta: how much likelier the learner at the update's start finds each action than its actor did
-    weight = (mb["proximal_logprobs"] - mb["logprobs"]).exp()
+    weight = (mb["proximal_logprobs"] - mb["behaviour_logprobs"]).exp()
     mb_advantages = mb["advantages"]
     if args.norm_adv:  # GePPO's: centred on the w-weighted mean, scaled by the std of w A (the authors' code)
         weighted = weight * mb_advantages
         mb_advantages = (mb_advantages - weighted.mean() / weight.mean()) / (weighted.std() + 1e-8)
 
     # Policy loss; ratio = pi_theta/beta
-    pg_loss, ratio = geppo_policy_loss(newlogprob, mb["logprobs"], weight, mb_advantages, args.clip_coef)
-    logratio = newlogprob - mb["logprobs"]
+    pg_loss, ratio = geppo_policy_loss(newlogprob, mb["behaviour_logprobs"], weight, mb_advantages, args.clip_coef)
+    logratio = newlogprob - mb["behaviour_logprobs"]
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
@@ -502,12 +503,11 @@ def train_step(params, adam, flat, indices, lr, agent, args):
     """One optimiser step on the minibatch flat[indices]: the gradient of the loss, clipped by its
     global norm, then Adam. Updates `params` (the agent's parameters) and `adam` in place and
     returns the minibatch's statistics. One function of tensors in and out, so that torch.compile
-    can make it one program; `lr` is a tensor, so annealing it does not recompile: the critic's rate and
-    the actor's (GePPO adapts the actor's)."""
+    can make it one program; `lr` holds tensors, so annealing or adapting the rates does not recompile."""
     mb = {key: value[indices] for key, value in flat.items()}
     if torch.compiler.is_compiling():  # torch.func.grad is traced into the compiled program
         grads, stats = torch.func.grad(minibatch_loss, has_aux=True)(params, agent, mb, args)
-    else:  # eagerly, torch.autograd.grad gives the same gradient at about 60% of torch.func.grad's cost
+    else:  # eagerly, torch.autograd.grad: the same gradient, for less than torch.func.grad costs
         leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
         loss, stats = minibatch_loss(leaves, agent, mb, args)
         grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
@@ -521,7 +521,7 @@ def train_step(params, adam, flat, indices, lr, agent, args):
     beta1, beta2, eps = 0.9, 0.999, 1e-5
     adam["step"].add_(1)
     for name, p in params.items():
-        rate = lr[1] if name.startswith("actor.") else lr[0]
+        rate = lr["actor"] if name.startswith("actor.") else lr["critic"]
         g = grads[name] * scale
         m = adam["exp_avg"][name].mul_(beta1).add_((1 - beta1) * g)
         v = adam["exp_avg_sq"][name].mul_(beta2).add_((1 - beta2) * g * g)
@@ -535,7 +535,8 @@ def train_step(params, adam, flat, indices, lr, agent, args):
 def update_tv(agent, flat):
     """TV(pi_theta, pi_T) ~ 1/2 mean|rho - w| over the whole batch: how far the update moved the policy."""
     newlogprob = gaussian_logprob(flat["actions"], *agent.actor(flat["obs"]))
-    ratio, weight = (newlogprob - flat["logprobs"]).exp(), (flat["proximal_logprobs"] - flat["logprobs"]).exp()
+    ratio = (newlogprob - flat["behaviour_logprobs"]).exp()
+    weight = (flat["proximal_logprobs"] - flat["behaviour_logprobs"]).exp()
     return 0.5 * (ratio - weight).abs().mean().item()
 
 
@@ -571,16 +572,15 @@ def main(args: Args):
     agent = Agent(obs_dim, act_dim)
     params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
     adam = adam_state(params)
-    lr = torch.tensor([args.learning_rate, args.learning_rate])  # the critic's and the actor's
+    lr = {"critic": torch.tensor(args.learning_rate), "actor": torch.tensor(args.learning_rate)}
     lr_scale = torch.ones(())  # GePPO's factor on the actor's rate (a tensor: checkpoints keep it)
     update = compiled_or_eager(train_step, args.compile)
     policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
     obs_rms = RunningMeanStd(shape=(obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
     # what a checkpoint holds, and --resume restores
-    saved = dict(agent=agent, optimizer=adam, obs_rms=obs_rms, reward_rms=reward_scaler.return_rms,
-                 policy_buffer=policy_buffer, generator=generator, action_generator=action_generator, lag_rng=lag_rng,
-                 lr_scale=lr_scale)
+    saved = dict(agent=agent, optimizer=adam, obs_rms=obs_rms, reward_rms=reward_scaler.return_rms, lr_scale=lr_scale,
+                 policy_buffer=policy_buffer, generator=generator, action_generator=action_generator, lag_rng=lag_rng)
     global_step, start_iteration, num_iterations = resume(args, saved)  # 0, 1, args.num_iterations without --resume
     writer = open_logs(args, run_name)  # after every check: a run that exits early leaves no logs
 
@@ -593,7 +593,8 @@ def main(args: Args):
     for iteration in range(start_iteration, num_iterations + 1):
         # Annealing the rate if instructed to do so; the actor's carries GePPO's factor too.
         frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
-        lr[0], lr[1] = frac * args.learning_rate, frac * args.learning_rate * lr_scale.item()
+        lr["critic"].fill_(frac * args.learning_rate)
+        lr["actor"].fill_(frac * args.learning_rate * lr_scale.item())
 
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages, groups = policy_buffer.sample_ages(args.num_envs, lag_rng)
@@ -610,17 +611,16 @@ def main(args: Args):
 
         b = {key: torch.as_tensor(value) for key, value in rollout.items()}
         b.update(estimate_advantages(agent, b, args))
-        # Backward lag: how far the learner already is from the behaviour policies, before any step.
-        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
-        writer.add_scalar("charts/backward_tv", 0.5 * (start_ratio - 1).abs().mean().item(), global_step)
-        # its importance ratios pi_T/beta: V-trace's rho, the centre w of GePPO's band
-        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
-        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
-        writer.add_scalar("charts/rho_clipped_fraction", (start_ratio > args.rho_bar).float().mean().item(), global_step)
+        # Backward lag, before any step: the weights w = pi_T/beta, how far the learner is from the behaviour policies
+        weight = (b["proximal_logprobs"] - b["behaviour_logprobs"]).exp()
+        writer.add_scalar("charts/backward_tv", 0.5 * (weight - 1).abs().mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_mean", weight.mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_max", weight.max().item(), global_step)
+        writer.add_scalar("charts/rho_clipped_fraction", (weight > args.rho_bar).float().mean().item(), global_step)
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
-        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:]) for key in
+                ("obs", "actions", "behaviour_logprobs", "proximal_logprobs", "advantages", "returns", "values")}
         flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
         with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
             proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))
@@ -652,8 +652,8 @@ def main(args: Args):
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         sps = progress.update(global_step, recent_returns, lag=ages.mean(), last=iteration == num_iterations)
-        writer.add_scalar("charts/learning_rate", lr[0].item(), global_step)
-        writer.add_scalar("charts/actor_learning_rate", lr[1].item(), global_step)
+        writer.add_scalar("charts/learning_rate", lr["critic"].item(), global_step)
+        writer.add_scalar("charts/actor_learning_rate", lr["actor"].item(), global_step)
         writer.add_scalar("charts/update_tv", moved, global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)

@@ -267,8 +267,8 @@ class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
     Snapshots are frozen deep copies, so later updates of the learner never reach them. Age 0 is
-    the newest snapshot (the learner's current policy), age K-1 the oldest. After each update the
-    learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
+    the newest snapshot (pi_T, the learner at the update's start), age K-1 the oldest. After each update
+    the learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
 
     def __init__(self, actor, size):
         self.snapshots = collections.deque(maxlen=size)
@@ -331,7 +331,8 @@ def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scal
             for i in np.flatnonzero(infos["_episode"]):
                 episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
     # the behaviour log-probabilities, all steps at once (each actor's log-std is the same at every step)
-    rollout["logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means), logstd).numpy()
+    rollout["behaviour_logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means),
+                                                     logstd).numpy()
     return rollout, current_obs, episodes
 # --8<-- [end:rollout]
 
@@ -360,8 +361,8 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
 # --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
-    """GAE advantages and return targets from the learner's *current* critic (the actors have
-    none), plus the learner's log-probabilities of the batch actions (to measure backward lag).
+    """GAE advantages and return targets from the learner's *current* critic (the actors have none), plus
+    the batch actions' log-probabilities under pi_T, the learner at the update's start (to measure backward lag).
     Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
     values = agent.get_value(b["obs"])
     next_values = agent.get_value(b["next_obs"])
@@ -374,11 +375,11 @@ def estimate_advantages(agent, b, args):
 
 
 # --8<-- [start:ppo_policy_loss]
-def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
+def ppo_policy_loss(newlogprob, behaviour_logprobs, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
         L = -mean(min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)),   rho = pi_theta(a|s) / beta(a|s)
     Returns (loss, ratio)."""
-    ratio = (newlogprob - behavior_logprob).exp()
+    ratio = (newlogprob - behaviour_logprobs).exp()
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
@@ -386,7 +387,7 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
 
 
 # --8<-- [start:decoupled_policy_loss]
-def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advantages, clip_coef, max_weight=100.0):
+def decoupled_policy_loss(newlogprob, behaviour_logprobs, proximal_logprobs, advantages, clip_coef, max_weight=100.0):
     """Decoupled PPO (Hilton, Cobbe, Schulman 2021, arXiv 2110.00641): the clip is centred on pi_T, the
     learner at the update's start, and the weight w corrects for the stale behaviour policy beta:
         L = -mean( w * min(r * A, clip(r, 1 - eps, 1 + eps) * A) ),  r = pi_theta/pi_T,  w = sg(min(pi_T/beta, 100))
@@ -395,11 +396,11 @@ def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advant
     As w > 0, a term is w r A (= rho A, rho = pi_theta/beta) except where the clip binds (A > 0 and r > 1 +
     eps, or A < 0 and r < 1 - eps): there the constant w clip(r) A. So at zero lag (pi_T = beta) the gradient
     is PPO's to the bit, even where log pi_T and log beta differ in their last bits (unless r and rho fall on
-    either side of 1 +- eps). Returns (loss, rho, r)."""
-    logratio = newlogprob - behavior_logprob
+    either side of 1 +- eps). Returns (loss, ratio, proximal_ratio): rho and r."""
+    logratio = newlogprob - behaviour_logprobs
     ratio = logratio.exp()  # rho = w r
-    proximal_ratio = (newlogprob - proximal_logprob).exp()  # r
-    weight = (proximal_logprob - behavior_logprob).exp()  # w, before the cap (no gradient: both are data)
+    proximal_ratio = (newlogprob - proximal_logprobs).exp()  # r
+    weight = (proximal_logprobs - behaviour_logprobs).exp()  # w, before the cap (no gradient: both are data)
     # min(w, 100) r; rho's log clamped at 80, far beyond any ratio that trains, since an exp that
     # overflowed would turn the unused branch's zero gradient into NaN
     finite_ratio = logratio.clamp(max=80.0).exp()
@@ -431,12 +432,12 @@ def minibatch_loss(params, agent, mb, args):
 
     # Policy loss; ratio = pi_theta/beta, clip_ratio = the ratio the clip acts on
     if args.clip_reference == "proximal":  # decoupled PPO: the clip is centred on pi_T
-        pg_loss, ratio, clip_ratio = decoupled_policy_loss(newlogprob, mb["logprobs"], mb["proximal_logprobs"],
-                                                           mb_advantages, args.clip_coef)
+        pg_loss, ratio, clip_ratio = decoupled_policy_loss(newlogprob, mb["behaviour_logprobs"],
+                                                           mb["proximal_logprobs"], mb_advantages, args.clip_coef)
     else:  # PPO: the clip is centred on beta
-        pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+        pg_loss, ratio = ppo_policy_loss(newlogprob, mb["behaviour_logprobs"], mb_advantages, args.clip_coef)
         clip_ratio = ratio
-    logratio = newlogprob - mb["logprobs"]
+    logratio = newlogprob - mb["behaviour_logprobs"]
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
@@ -477,7 +478,7 @@ def train_step(params, adam, flat, indices, lr, agent, args):
     mb = {key: value[indices] for key, value in flat.items()}
     if torch.compiler.is_compiling():  # torch.func.grad is traced into the compiled program
         grads, stats = torch.func.grad(minibatch_loss, has_aux=True)(params, agent, mb, args)
-    else:  # eagerly, torch.autograd.grad gives the same gradient at about 60% of torch.func.grad's cost
+    else:  # eagerly, torch.autograd.grad: the same gradient, for less than torch.func.grad costs
         leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
         loss, stats = minibatch_loss(leaves, agent, mb, args)
         grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
@@ -557,16 +558,15 @@ def main(args: Args):
 
         b = {key: torch.as_tensor(value) for key, value in rollout.items()}
         b.update(estimate_advantages(agent, b, args))
-        # Backward lag: how far the learner already is from the behaviour policies, before any step.
-        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
-        writer.add_scalar("charts/backward_tv", 0.5 * (start_ratio - 1).abs().mean().item(), global_step)
-        # its importance ratios pi_T/beta: V-trace's rho in VACO, decoupled PPO's weight w
-        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
-        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
+        # Backward lag, before any step: the weights w = pi_T/beta, how far the learner is from the behaviour policies
+        weight = (b["proximal_logprobs"] - b["behaviour_logprobs"]).exp()
+        writer.add_scalar("charts/backward_tv", 0.5 * (weight - 1).abs().mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_mean", weight.mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_max", weight.max().item(), global_step)
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
-        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:]) for key in
+                ("obs", "actions", "behaviour_logprobs", "proximal_logprobs", "advantages", "returns", "values")}
         flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
         with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
             proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))

@@ -264,8 +264,8 @@ class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
     Snapshots are frozen deep copies, so later updates of the learner never reach them. Age 0 is
-    the newest snapshot (the learner's current policy), age K-1 the oldest. After each update the
-    learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
+    the newest snapshot (pi_T, the learner at the update's start), age K-1 the oldest. After each update
+    the learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
 
     def __init__(self, actor, size):
         self.snapshots = collections.deque(maxlen=size)
@@ -326,7 +326,8 @@ def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scal
             for i in np.flatnonzero(infos["_episode"]):
                 episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
     # the behaviour log-probabilities, all steps at once (each actor's log-std is the same at every step)
-    rollout["logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means), logstd).numpy()
+    rollout["behaviour_logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means),
+                                                     logstd).numpy()
     return rollout, current_obs, episodes
 
 
@@ -351,8 +352,8 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
 
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
-    """GAE advantages and return targets from the learner's *current* critic (the actors have
-    none), plus the learner's log-probabilities of the batch actions (to measure backward lag).
+    """GAE advantages and return targets from the learner's *current* critic (the actors have none), plus
+    the batch actions' log-probabilities under pi_T, the learner at the update's start (to measure backward lag).
     Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
     values = agent.get_value(b["obs"])
     next_values = agent.get_value(b["next_obs"])
@@ -364,13 +365,13 @@ def estimate_advantages(agent, b, args):
 
 
 # --8<-- [start:spo_policy_loss]
-def spo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon):
+def spo_policy_loss(newlogprob, behaviour_logprobs, advantages, epsilon):
     """SPO's objective, with the ratio taken against the behaviour policy that acted:
         L = -mean(rho * A - |A| / (2 * eps) * (rho - 1)^2),   rho = pi_theta(a|s) / beta(a|s)
     Per sample, d/drho = A - |A| (rho - 1) / eps = 0 at rho = 1 + sign(A) * eps: inside that point
     the gradient moves rho towards it, beyond it the gradient pulls rho back (PPO's clip only stops pushing).
     Returns (loss, ratio)."""
-    ratio = (newlogprob - behavior_logprob).exp()
+    ratio = (newlogprob - behaviour_logprobs).exp()
     return -(advantages * ratio - advantages.abs() * (ratio - 1) ** 2 / (2 * epsilon)).mean(), ratio
 # --8<-- [end:spo_policy_loss]
 
@@ -388,8 +389,8 @@ def minibatch_loss(params, agent, mb, args):
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
     # Policy loss
-    pg_loss, ratio = spo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.epsilon)
-    logratio = newlogprob - mb["logprobs"]
+    pg_loss, ratio = spo_policy_loss(newlogprob, mb["behaviour_logprobs"], mb_advantages, args.epsilon)
+    logratio = newlogprob - mb["behaviour_logprobs"]
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
@@ -428,7 +429,7 @@ def train_step(params, adam, flat, indices, lr, agent, args):
     mb = {key: value[indices] for key, value in flat.items()}
     if torch.compiler.is_compiling():  # torch.func.grad is traced into the compiled program
         grads, stats = torch.func.grad(minibatch_loss, has_aux=True)(params, agent, mb, args)
-    else:  # eagerly, torch.autograd.grad gives the same gradient at about 60% of torch.func.grad's cost
+    else:  # eagerly, torch.autograd.grad: the same gradient, for less than torch.func.grad costs
         leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
         loss, stats = minibatch_loss(leaves, agent, mb, args)
         grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
@@ -508,16 +509,15 @@ def main(args: Args):
 
         b = {key: torch.as_tensor(value) for key, value in rollout.items()}
         b.update(estimate_advantages(agent, b, args))
-        # Backward lag: how far the learner already is from the behaviour policies, before any step.
-        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
-        writer.add_scalar("charts/backward_tv", 0.5 * (start_ratio - 1).abs().mean().item(), global_step)
-        # its importance ratios pi_T/beta: V-trace's rho in VACO, decoupled PPO's weight w
-        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
-        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
+        # Backward lag, before any step: the weights w = pi_T/beta, how far the learner is from the behaviour policies
+        weight = (b["proximal_logprobs"] - b["behaviour_logprobs"]).exp()
+        writer.add_scalar("charts/backward_tv", 0.5 * (weight - 1).abs().mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_mean", weight.mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_max", weight.max().item(), global_step)
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
-        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:]) for key in
+                ("obs", "actions", "behaviour_logprobs", "proximal_logprobs", "advantages", "returns", "values")}
         flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
         with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
             proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))

@@ -92,13 +92,13 @@ class Args:
     """delta: filter samples once the minibatch's TV(pi_theta, reference) exceeds it"""
     tv_reference: Literal["behaviour", "proximal"] = "behaviour"
     """what the TV filter measures against: beta, the paper's rule (backward and forward lag together),
-    or pi_T, the policy at the update's start (forward drift only); the ratio stays pi_theta/beta"""
+    or pi_T, the learner at the update's start (forward drift only); the ratio stays pi_theta/beta"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance ratios in the TD errors (rho-bar)"""
     c_bar: float = 1.0
     """V-trace: clip of the importance ratios in the trace (c-bar)"""
     advantage_alignment: bool = True
-    """V-trace advantages of the learner's policy; `--no-advantage-alignment` uses GAE (ablation)"""
+    """V-trace advantages of pi_T, the learner at the update's start; `--no-advantage-alignment` uses GAE (ablation)"""
     tv_filter: bool = True
     """TV filtering; `--no-tv-filter` uses PPO's clipped surrogate instead (ablation)"""
     clip_reference: Literal["behaviour", "proximal"] = "behaviour"
@@ -289,8 +289,8 @@ class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
     Snapshots are frozen deep copies, so later updates of the learner never reach them. Age 0 is
-    the newest snapshot (the learner's current policy), age K-1 the oldest. After each update the
-    learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
+    the newest snapshot (pi_T, the learner at the update's start), age K-1 the oldest. After each update
+    the learner's new policy joins (`push`); before each rollout every actor draws one (`sample_ages`)."""
 
     def __init__(self, actor, size):
         self.snapshots = collections.deque(maxlen=size)
@@ -353,7 +353,8 @@ def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scal
             for i in np.flatnonzero(infos["_episode"]):
                 episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]), step))
     # the behaviour log-probabilities, all steps at once (each actor's log-std is the same at every step)
-    rollout["logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means), logstd).numpy()
+    rollout["behaviour_logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means),
+                                                     logstd).numpy()
     return rollout, current_obs, episodes
 # --8<-- [end:rollout]
 
@@ -380,22 +381,22 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
 
 
 # --8<-- [start:vtrace_advantages]
-def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_values,
+def vtrace_advantages(behaviour_logprobs, proximal_logprobs, rewards, values, next_values,
                       terminations, dones, gamma, lam, rho_bar=1.0, c_bar=1.0):
     """All inputs are float tensors shaped [T, N] (time-major); returns (advantages, value_targets).
 
-    V-trace (IMPALA) with lambda: the value and advantages of the target policy pi_T estimated from
-    data of the behaviour policy beta. Same conventions as `compute_gae`.
-        rho_t = pi_T(a_t|s_t) / beta(a_t|s_t),  c_t = min(c_bar, rho_t)
-        TD_t = min(rho_bar, rho_t) * (r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t))
+    V-trace (IMPALA) with lambda: the value and advantages of pi_T, the learner at the update's start,
+    from data of the behaviour policy beta; V-trace's rho_t is the weight w_t. Same conventions as `compute_gae`.
+        w_t = pi_T(a_t|s_t) / beta(a_t|s_t),  c_t = min(c_bar, w_t)
+        TD_t = min(rho_bar, w_t) * (r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t))
         v_t - V(s_t) = TD_t + gamma * lam * (1 - done_t) * c_t * (v_{t+1} - V(s_{t+1})),  zero after T
     value_targets = v_t. The advantages are the lambda-weighted policy-gradient form
         A_t = r_t + gamma * (1 - term_t) * [V(s_{t+1}) + lam * (1 - done_t) * (v_{t+1} - V(s_{t+1}))] - V(s_t)
-    With beta = pi_T (all rho = 1, c = 1) v_t - V(s_t) and A_t are both exactly GAE(lambda).
+    With beta = pi_T (all w = 1, c = 1) v_t - V(s_t) and A_t are both exactly GAE(lambda).
     """
-    rhos = torch.exp(target_logprobs - behavior_logprobs)
-    deltas = torch.clamp(rhos, max=rho_bar) * (rewards + gamma * (1.0 - terminations) * next_values - values)
-    discounts = gamma * (1.0 - dones) * lam * torch.clamp(rhos, max=c_bar)
+    weight = torch.exp(proximal_logprobs - behaviour_logprobs)
+    deltas = torch.clamp(weight, max=rho_bar) * (rewards + gamma * (1.0 - terminations) * next_values - values)
+    discounts = gamma * (1.0 - dones) * lam * torch.clamp(weight, max=c_bar)
     vs_minus_values = torch.zeros_like(rewards)
     acc = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):  # only the recursion is sequential
@@ -412,8 +413,8 @@ def vtrace_advantages(behavior_logprobs, target_logprobs, rewards, values, next_
 # --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
-    """Advantage alignment: advantages of the learner's *current* policy pi_T (not of the stale
-    behaviour policies) by V-trace, and V-trace value targets (`returns`) for the critic, from the
+    """Advantage alignment: advantages of pi_T, the learner at the update's start (not of the stale
+    behaviour policies), by V-trace, and V-trace value targets (`returns`) for the critic, from the
     learner's current critic, with pi_T's log-probabilities of the batch actions (`proximal_logprobs`).
     Returns {values, proximal_logprobs, advantages, returns}, each shaped [T, N]."""
     values = agent.get_value(b["obs"])
@@ -425,7 +426,7 @@ def estimate_advantages(agent, b, args):
         returns = advantages + values
     else:
         advantages, returns = vtrace_advantages(
-            b["logprobs"], proximal_logprobs, b["rewards"], values, next_values, b["terminations"],
+            b["behaviour_logprobs"], proximal_logprobs, b["rewards"], values, next_values, b["terminations"],
             b["dones"], args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
         )
     return dict(values=values, proximal_logprobs=proximal_logprobs, advantages=advantages, returns=returns)
@@ -433,11 +434,11 @@ def estimate_advantages(agent, b, args):
 
 
 # --8<-- [start:ppo_policy_loss]
-def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
+def ppo_policy_loss(newlogprob, behaviour_logprobs, advantages, clip_coef):
     """PPO's clipped surrogate, with the ratio taken against the behaviour policy that acted:
         L = -mean(min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)),   rho = pi_theta(a|s) / beta(a|s)
     Returns (loss, ratio)."""
-    ratio = (newlogprob - behavior_logprob).exp()
+    ratio = (newlogprob - behaviour_logprobs).exp()
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     return torch.max(pg_loss1, pg_loss2).mean(), ratio
@@ -445,7 +446,7 @@ def ppo_policy_loss(newlogprob, behavior_logprob, advantages, clip_coef):
 
 
 # --8<-- [start:decoupled_policy_loss]
-def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advantages, clip_coef, max_weight=100.0):
+def decoupled_policy_loss(newlogprob, behaviour_logprobs, proximal_logprobs, advantages, clip_coef, max_weight=100.0):
     """Decoupled PPO (Hilton, Cobbe, Schulman 2021, arXiv 2110.00641): the clip is centred on pi_T, the
     learner at the update's start, and the weight w corrects for the stale behaviour policy beta:
         L = -mean( w * min(r * A, clip(r, 1 - eps, 1 + eps) * A) ),  r = pi_theta/pi_T,  w = sg(min(pi_T/beta, 100))
@@ -454,11 +455,11 @@ def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advant
     As w > 0, a term is w r A (= rho A, rho = pi_theta/beta) except where the clip binds (A > 0 and r > 1 +
     eps, or A < 0 and r < 1 - eps): there the constant w clip(r) A. So at zero lag (pi_T = beta) the gradient
     is PPO's to the bit, even where log pi_T and log beta differ in their last bits (unless r and rho fall on
-    either side of 1 +- eps). Returns (loss, rho, r)."""
-    logratio = newlogprob - behavior_logprob
+    either side of 1 +- eps). Returns (loss, ratio, proximal_ratio): rho and r."""
+    logratio = newlogprob - behaviour_logprobs
     ratio = logratio.exp()  # rho = w r
-    proximal_ratio = (newlogprob - proximal_logprob).exp()  # r
-    weight = (proximal_logprob - behavior_logprob).exp()  # w, before the cap (no gradient: both are data)
+    proximal_ratio = (newlogprob - proximal_logprobs).exp()  # r
+    weight = (proximal_logprobs - behaviour_logprobs).exp()  # w, before the cap (no gradient: both are data)
     # min(w, 100) r; rho's log clamped at 80, far beyond any ratio that trains, since an exp that
     # overflowed would turn the unused branch's zero gradient into NaN
     finite_ratio = logratio.clamp(max=80.0).exp()
@@ -471,22 +472,22 @@ def decoupled_policy_loss(newlogprob, behavior_logprob, proximal_logprob, advant
 
 
 # --8<-- [start:vaco_policy_loss]
-def vaco_policy_loss(newlogprob, behavior_logprob, advantages, tv_threshold, reference_logprob=None):
+def vaco_policy_loss(newlogprob, behaviour_logprobs, advantages, tv_threshold, proximal_logprobs=None):
     """TV filtering. Returns (loss, ratio, tv, filtered_fraction).
 
         rho = pi_theta(a|s) / beta(a|s),   the surrogate's importance ratio
-        q = pi_theta(a|s) / pi_ref(a|s),   pi_ref = beta (the paper), or pi_T (`reference_logprob`)
+        q = pi_theta(a|s) / pi_ref(a|s),   pi_ref = beta (the paper), or pi_T (`proximal_logprobs`)
         TV(pi_theta, pi_ref) ~ tv = 1/2 mean|q - 1|
         if tv > delta: filter a sample when A * sign(q - 1) > 0, i.e. when following its gradient
                        would move q further from 1 (the policy further from pi_ref)
         L = -mean( rho * A for kept samples,  sg(rho * A) for filtered ones )
     Filtered samples give zero gradient but stay in the mean's denominator. No ratio clipping.
     """
-    ratio = (newlogprob - behavior_logprob).exp()
-    if reference_logprob is None:  # the paper's rule: the reference is the behaviour policy
+    ratio = (newlogprob - behaviour_logprobs).exp()
+    if proximal_logprobs is None:  # the paper's rule: the reference is the behaviour policy
         deviation = ratio.detach() - 1
     else:
-        deviation = (newlogprob.detach() - reference_logprob).exp() - 1
+        deviation = (newlogprob.detach() - proximal_logprobs).exp() - 1
     tv = 0.5 * deviation.abs().mean()
     filtered = (advantages * deviation > 0) & (tv > tv_threshold)  # A * (q - 1) > 0: same sign
     surrogate = ratio * advantages
@@ -510,16 +511,16 @@ def minibatch_loss(params, agent, mb, args):
     # Policy loss; ratio = pi_theta/beta, clip_ratio = the ratio clipfrac counts past clip_coef
     if args.tv_filter:  # TV filtering (no ratio clipping)
         reference = mb["proximal_logprobs"] if args.tv_reference == "proximal" else None
-        pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(newlogprob, mb["logprobs"], mb_advantages,
+        pg_loss, ratio, tv, filtered_fraction = vaco_policy_loss(newlogprob, mb["behaviour_logprobs"], mb_advantages,
                                                                  args.tv_threshold, reference)
         clip_ratio = ratio
     elif args.clip_reference == "proximal":  # ablation: decoupled PPO's clip, centred on pi_T
-        pg_loss, ratio, clip_ratio = decoupled_policy_loss(newlogprob, mb["logprobs"], mb["proximal_logprobs"],
-                                                           mb_advantages, args.clip_coef)
+        pg_loss, ratio, clip_ratio = decoupled_policy_loss(newlogprob, mb["behaviour_logprobs"],
+                                                           mb["proximal_logprobs"], mb_advantages, args.clip_coef)
     else:  # ablation: PPO's clipped surrogate
-        pg_loss, ratio = ppo_policy_loss(newlogprob, mb["logprobs"], mb_advantages, args.clip_coef)
+        pg_loss, ratio = ppo_policy_loss(newlogprob, mb["behaviour_logprobs"], mb_advantages, args.clip_coef)
         clip_ratio = ratio
-    logratio = newlogprob - mb["logprobs"]
+    logratio = newlogprob - mb["behaviour_logprobs"]
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
 
@@ -561,7 +562,7 @@ def train_step(params, adam, flat, indices, lr, agent, args):
     mb = {key: value[indices] for key, value in flat.items()}
     if torch.compiler.is_compiling():  # torch.func.grad is traced into the compiled program
         grads, stats = torch.func.grad(minibatch_loss, has_aux=True)(params, agent, mb, args)
-    else:  # eagerly, torch.autograd.grad gives the same gradient at about 60% of torch.func.grad's cost
+    else:  # eagerly, torch.autograd.grad: the same gradient, for less than torch.func.grad costs
         leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
         loss, stats = minibatch_loss(leaves, agent, mb, args)
         grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
@@ -641,17 +642,16 @@ def main(args: Args):
 
         b = {key: torch.as_tensor(value) for key, value in rollout.items()}
         b.update(estimate_advantages(agent, b, args))
-        # Backward lag: how far the learner already is from the behaviour policies, before any step.
-        start_ratio = (b["proximal_logprobs"] - b["logprobs"]).exp()
-        writer.add_scalar("charts/backward_tv", 0.5 * (start_ratio - 1).abs().mean().item(), global_step)
-        # its importance ratios pi_T/beta: V-trace's rho in VACO, decoupled PPO's weight w
-        writer.add_scalar("charts/backward_ratio_mean", start_ratio.mean().item(), global_step)
-        writer.add_scalar("charts/backward_ratio_max", start_ratio.max().item(), global_step)
-        writer.add_scalar("charts/rho_clipped_fraction", (start_ratio > args.rho_bar).float().mean().item(), global_step)
+        # Backward lag, before any step: the weights w = pi_T/beta, how far the learner is from the behaviour policies
+        weight = (b["proximal_logprobs"] - b["behaviour_logprobs"]).exp()
+        writer.add_scalar("charts/backward_tv", 0.5 * (weight - 1).abs().mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_mean", weight.mean().item(), global_step)
+        writer.add_scalar("charts/backward_ratio_max", weight.max().item(), global_step)
+        writer.add_scalar("charts/rho_clipped_fraction", (weight > args.rho_bar).float().mean().item(), global_step)
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
-        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "proximal_logprobs", "advantages", "returns", "values")}
+        flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:]) for key in
+                ("obs", "actions", "behaviour_logprobs", "proximal_logprobs", "advantages", "returns", "values")}
         flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
         with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
             proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))

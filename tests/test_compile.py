@@ -20,14 +20,22 @@ def random_flat(obs_dim=11, act_dim=3, size=256, seed=0):
     """A flattened batch with every field a script's minibatch loss may read."""
     g = torch.Generator().manual_seed(seed)
     return dict(obs=torch.randn(size, obs_dim, generator=g), actions=torch.randn(size, act_dim, generator=g),
-                logprobs=torch.randn(size, generator=g) - 3, advantages=torch.randn(size, generator=g),
+                behaviour_logprobs=torch.randn(size, generator=g) - 3, advantages=torch.randn(size, generator=g),
                 returns=torch.randn(size, generator=g), values=torch.randn(size, generator=g),
                 proximal_logprobs=torch.randn(size, generator=g) - 3)
 
 
 def rate(module, value):
     """The `lr` train_step takes: one rate, or GePPO's two (the critic's and the actor's)."""
-    return torch.tensor([value, value]) if module is geppo_continuous else torch.tensor(value)
+    if module is geppo_continuous:
+        return {"critic": torch.tensor(value), "actor": torch.tensor(value)}
+    return torch.tensor(value)
+
+
+def anneal(lr, value):
+    """Set every rate of `lr` (`rate`'s) to `value`, in place."""
+    for tensor in lr.values() if isinstance(lr, dict) else [lr]:
+        tensor.fill_(value)
 
 
 def fresh(module, seed=0):
@@ -91,7 +99,7 @@ def test_compiled_update_agrees_with_eager(module):
     g = torch.Generator().manual_seed(1)
     for step in range(6):
         indices = torch.randperm(256, generator=g)[:64]
-        lr.fill_(3e-4 * (1 - step / 6))  # annealing: a new value, the same compiled program
+        anneal(lr, 3e-4 * (1 - step / 6))  # annealing: a new value, the same compiled program
         stats = compiled(params, adam, flat, indices, lr, agent, args)
         stats_eager = module.train_step(params_eager, adam_eager, flat, indices, lr, agent_eager, args)
         assert stats.keys() == stats_eager.keys()

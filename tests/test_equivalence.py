@@ -69,8 +69,8 @@ def test_spo_is_ppo_but_for_the_policy_loss(train, monkeypatch):
     # with PPO's clipped surrogate in place of SPO's objective, the SPO script trains exactly as PPO
     _, reference = train(ppo, exp_name="ppo", **FEW_UPDATES)
     spo_policy_loss = spo.spo_policy_loss
-    monkeypatch.setattr(spo, "spo_policy_loss", lambda newlogprob, behavior_logprob, advantages, epsilon:
-                        ppo.ppo_policy_loss(newlogprob, behavior_logprob, advantages, epsilon))
+    monkeypatch.setattr(spo, "spo_policy_loss", lambda newlogprob, behaviour_logprobs, advantages, epsilon:
+                        ppo.ppo_policy_loss(newlogprob, behaviour_logprobs, advantages, epsilon))
     _, swapped = train(spo, exp_name="swapped", **FEW_UPDATES)
     assert_same_run(reference, swapped)
     monkeypatch.setattr(spo, "spo_policy_loss", spo_policy_loss)  # not undo(): that would leave the run's folder too

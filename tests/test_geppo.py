@@ -33,7 +33,7 @@ def worked_example():
 def test_worked_example_loss_and_gradient():
     newlogprob, behaviour, proximal, advantages = worked_example()
     weight = (proximal - behaviour).exp()
-    loss, rho = geppo.geppo_policy_loss(newlogprob, behaviour, weight, advantages, eps=0.2)
+    loss, rho = geppo.geppo_policy_loss(newlogprob, behaviour, weight, advantages, clip_coef=0.2)
     loss.backward()
     assert loss.item() == pytest.approx(0.76, rel=1e-5)
     np.testing.assert_allclose(newlogprob.grad.numpy(), [-0.22, 0.0, 0.0, 2.4, 0.0], rtol=1e-5, atol=1e-7)
@@ -79,7 +79,8 @@ def test_update_tv_is_half_the_mean_distance_of_rho_from_w():
     with torch.no_grad():
         current = geppo.gaussian_logprob(actions, *agent.actor(obs))
     behaviour = current - 0.3  # rho = e^0.3 for every sample
-    flat = dict(obs=obs, actions=actions, logprobs=behaviour, proximal_logprobs=current)  # pi_T = the agent: w = rho
+    # pi_T = the agent: w = rho
+    flat = dict(obs=obs, actions=actions, behaviour_logprobs=behaviour, proximal_logprobs=current)
     assert geppo.update_tv(agent, flat) == pytest.approx(0.0, abs=1e-6)
     flat["proximal_logprobs"] = current + 0.1  # w = e^0.4
     assert geppo.update_tv(agent, flat) == pytest.approx(0.5 * (np.exp(0.4) - np.exp(0.3)), rel=1e-5)

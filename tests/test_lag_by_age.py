@@ -59,7 +59,7 @@ def test_each_sample_s_push_sums_to_minus_the_log_std_gradient():
     agent, n = ppo.Agent(4, 2), 32
     g = torch.Generator().manual_seed(1)
     behaviour = -torch.rand(n, generator=g) - 2
-    flat = dict(obs=torch.randn(n, 4, generator=g), actions=torch.randn(n, 2, generator=g), logprobs=behaviour,
+    flat = dict(obs=torch.randn(n, 4, generator=g), actions=torch.randn(n, 2, generator=g), behaviour_logprobs=behaviour,
                 proximal_logprobs=behaviour + 0.2 * torch.randn(n, generator=g), returns=torch.randn(n, generator=g),
                 values=torch.randn(n, generator=g), ages=torch.zeros(n))
     advantages = torch.randn(n, generator=g)

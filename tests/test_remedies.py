@@ -41,7 +41,8 @@ def minibatch(ages, seed=0):
     n = len(ages)
     obs, actions = torch.randn(n, 4, generator=g), torch.randn(n, 2, generator=g)
     behaviour = -torch.rand(n, generator=g) - 2
-    return dict(obs=obs, actions=actions, logprobs=behaviour, proximal_logprobs=behaviour + 0.3 * torch.randn(n, generator=g),
+    return dict(obs=obs, actions=actions, behaviour_logprobs=behaviour,
+                proximal_logprobs=behaviour + 0.3 * torch.randn(n, generator=g),
                 advantages=torch.randn(n, generator=g), returns=torch.randn(n, generator=g),
                 values=torch.randn(n, generator=g), ages=torch.as_tensor(ages))
 

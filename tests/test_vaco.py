@@ -19,21 +19,21 @@ def lag_batch(T=40, N=3, seed=0, log_ratio_std=1.0):
     and below the clips. Returns the keyword arguments of vtrace_advantages."""
     rewards, values, next_values, terminations, dones = random_batch(T, N, seed)
     g = torch.Generator().manual_seed(seed + 1)
-    behavior = torch.randn(T, N, generator=g)
-    target = behavior + log_ratio_std * torch.randn(T, N, generator=g)
-    return dict(behavior_logprobs=behavior, target_logprobs=target, rewards=rewards, values=values,
+    behaviour = torch.randn(T, N, generator=g)
+    proximal = behaviour + log_ratio_std * torch.randn(T, N, generator=g)
+    return dict(behaviour_logprobs=behaviour, proximal_logprobs=proximal, rewards=rewards, values=values,
                 next_values=next_values, terminations=terminations, dones=dones)
 
 
-def vtrace_direct(behavior_logprobs, target_logprobs, rewards, values, next_values, terminations, dones,
+def vtrace_direct(behaviour_logprobs, proximal_logprobs, rewards, values, next_values, terminations, dones,
                   gamma, lam, rho_bar, c_bar):
     """The definition, summed term by term (O(T^2)):
     v_s = V(s_s) + sum_{t >= s} (prod_{i=s}^{t-1} gamma_i c_i) delta_t, the product cut at episode ends;
     A_s = r_s + gamma (1 - term_s) [V(s_{s+1}) + lam (1 - done_s) (v_{s+1} - V(s_{s+1}))] - V(s_s)."""
     T, N = rewards.shape
-    rho = (target_logprobs - behavior_logprobs).exp()
-    deltas = rho.clamp(max=rho_bar) * (rewards + gamma * (1 - terminations) * next_values - values)
-    cs = lam * rho.clamp(max=c_bar)
+    weight = (proximal_logprobs - behaviour_logprobs).exp()
+    deltas = weight.clamp(max=rho_bar) * (rewards + gamma * (1 - terminations) * next_values - values)
+    cs = lam * weight.clamp(max=c_bar)
     vs = values.clone()
     for n in range(N):
         for s in range(T):
@@ -56,8 +56,8 @@ def vtrace_direct(behavior_logprobs, target_logprobs, rewards, values, next_valu
 @pytest.mark.parametrize("rho_bar, c_bar", [(1.0, 1.0), (2.0, 0.5), (0.7, 1.3)])
 def test_vtrace_matches_its_definition(vaco, rho_bar, c_bar):
     batch = lag_batch()
-    rho = (batch["target_logprobs"] - batch["behavior_logprobs"]).exp()
-    assert (rho > 2.5).any() and (rho < 0.3).any()  # both clips are active
+    weight = (batch["proximal_logprobs"] - batch["behaviour_logprobs"]).exp()
+    assert (weight > 2.5).any() and (weight < 0.3).any()  # both clips are active
     got = vaco.vtrace_advantages(**batch, gamma=GAMMA, lam=LAM, rho_bar=rho_bar, c_bar=c_bar)
     expected = vtrace_direct(**batch, gamma=GAMMA, lam=LAM, rho_bar=rho_bar, c_bar=c_bar)
     for g, e in zip(got, expected):
@@ -67,7 +67,7 @@ def test_vtrace_matches_its_definition(vaco, rho_bar, c_bar):
 @every_script
 def test_vtrace_on_policy_is_gae(vaco):
     batch = lag_batch()
-    batch["target_logprobs"] = batch["behavior_logprobs"]  # beta = pi_T
+    batch["proximal_logprobs"] = batch["behaviour_logprobs"]  # beta = pi_T
     advantages, value_targets = vaco.vtrace_advantages(**batch, gamma=GAMMA, lam=LAM)
     gae = vaco.compute_gae(batch["rewards"], batch["values"], batch["next_values"], batch["terminations"],
                            batch["dones"], GAMMA, LAM)
@@ -96,14 +96,14 @@ def test_vtrace_agrees_with_torchrl(vaco):
     advantages, value_targets = vaco.vtrace_advantages(**batch, gamma=GAMMA, lam=1.0, rho_bar=rho_bar, c_bar=c_bar)
     to_torchrl = lambda x: x.T.unsqueeze(-1)  # noqa: E731  [T, N] -> [N, T, 1]
     ref_advantages, ref_targets = functional.vtrace_advantage_estimate(
-        GAMMA, to_torchrl(batch["target_logprobs"]), to_torchrl(batch["behavior_logprobs"]),
+        GAMMA, to_torchrl(batch["proximal_logprobs"]), to_torchrl(batch["behaviour_logprobs"]),
         to_torchrl(batch["values"]), to_torchrl(batch["next_values"]), to_torchrl(batch["rewards"]),
         to_torchrl(batch["dones"]).bool(), to_torchrl(batch["terminations"]).bool(),
         rho_thresh=rho_bar, c_thresh=c_bar,
     )
-    rho = (batch["target_logprobs"] - batch["behavior_logprobs"]).exp()
+    weight = (batch["proximal_logprobs"] - batch["behaviour_logprobs"]).exp()
     torch.testing.assert_close(to_torchrl(value_targets), ref_targets, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(to_torchrl(rho.clamp(max=rho_bar) * advantages), ref_advantages, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(to_torchrl(weight.clamp(max=rho_bar) * advantages), ref_advantages, rtol=1e-5, atol=1e-5)
 
 
 # --- TV filter ----------------------------------------------------------------------------------
@@ -152,9 +152,9 @@ def test_tv_filter_has_no_ratio_clipping(vaco):
 
 @every_script
 def test_tv_filter_against_the_behaviour_policy_by_default(vaco):
-    # reference_logprob = behaviour log-probs is the paper's rule, the same as passing none
+    # the behaviour log-probs as the TV's reference (`proximal_logprobs`): the paper's rule, the same as passing none
     newlogprob = RATIOS.log().requires_grad_()
-    explicit = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, 0.1, reference_logprob=torch.zeros(5))
+    explicit = vaco.vaco_policy_loss(newlogprob, torch.zeros(5), ADVANTAGES, 0.1, proximal_logprobs=torch.zeros(5))
     explicit[0].backward()
     loss, tv, filtered_fraction, grad = filter_loss(vaco, tv_threshold=0.1)
     assert explicit[0].item() == loss.item() and explicit[2].item() == tv.item()

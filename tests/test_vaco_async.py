@@ -109,7 +109,7 @@ def test_collect_rollout_keeps_final_observations_episodes_and_statistics():
     assert np.array_equal(replay.mean, obs_rms.mean) and np.array_equal(replay.var, obs_rms.var)
     # behaviour log-probs are those of the actor on the observations as stored
     mean, logstd = actor(torch.as_tensor(segment["obs"], dtype=torch.float32))
-    torch.testing.assert_close(torch.as_tensor(segment["logprobs"], dtype=torch.float32),
+    torch.testing.assert_close(torch.as_tensor(segment["behaviour_logprobs"], dtype=torch.float32),
                                vaco_async.gaussian_logprob(torch.as_tensor(segment["actions"], dtype=torch.float32),
                                                            mean, logstd).detach())
 

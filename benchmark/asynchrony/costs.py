@@ -81,14 +81,15 @@ def learner_time(args, layout, obs_dim, act_dim):
     update = torch.compile(va.train_step, fullgraph=True)  # as the script's main compiles it
     T, n = args.num_steps, args.num_envs
     b = dict(obs=torch.randn(T, n, obs_dim), next_obs=torch.randn(T, n, obs_dim), actions=torch.randn(T, n, act_dim),
-             logprobs=torch.randn(T, n) - act_dim, rewards=torch.randn(T, n), terminations=torch.zeros(T, n),
+             behaviour_logprobs=torch.randn(T, n) - act_dim, rewards=torch.randn(T, n), terminations=torch.zeros(T, n),
              dones=torch.zeros(T, n))
     generator = torch.Generator().manual_seed(0)
 
     def one_update():
         batch = {**b, **va.estimate_advantages(agent, b, script_args)}
         flat = {key: batch[key].reshape(layout.steps, *batch[key].shape[2:])
-                for key in ("obs", "actions", "logprobs", "advantages", "returns", "values", "proximal_logprobs")}
+                for key in ("obs", "actions", "behaviour_logprobs", "advantages", "returns", "values",
+                            "proximal_logprobs")}
         for _ in range(script_args.update_epochs):
             indices = torch.randperm(layout.steps, generator=generator)
             for start in range(0, layout.steps, script_args.minibatch_size):

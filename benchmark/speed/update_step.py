@@ -13,6 +13,7 @@ Ratios are what carry over to other machines.
 import contextlib
 import functools
 import importlib
+import inspect
 import statistics
 import sys
 import tempfile
@@ -79,6 +80,14 @@ def mains_step(module, params, adam, flat, lr, agent, script_args):
     return lambda indices: step(params, adam, flat, indices, lr)
 
 
+def batch_for(module, flat):
+    """`flat` under the keys `module` reads: beta's log-probabilities are `logprobs` in the scripts of the
+    commits before they were named `behaviour_logprobs`."""
+    if '"behaviour_logprobs"' in inspect.getsource(module):
+        return flat
+    return {"logprobs" if key == "behaviour_logprobs" else key: value for key, value in flat.items()}
+
+
 def paths(module, obs_dim, act_dim, args, against=None):
     """{name: (step(indices), compile seconds)} for the three ways of taking one minibatch step."""
     torch.manual_seed(0)
@@ -86,7 +95,7 @@ def paths(module, obs_dim, act_dim, args, against=None):
     g = torch.Generator().manual_seed(0)
     flat = dict(obs=torch.randn(args.batch_size, obs_dim, generator=g),
                 actions=torch.randn(args.batch_size, act_dim, generator=g),
-                logprobs=torch.randn(args.batch_size, generator=g) - act_dim,
+                behaviour_logprobs=torch.randn(args.batch_size, generator=g) - act_dim,
                 advantages=torch.randn(args.batch_size, generator=g), returns=torch.randn(args.batch_size, generator=g),
                 values=torch.randn(args.batch_size, generator=g),
                 proximal_logprobs=torch.randn(args.batch_size, generator=g) - act_dim)
@@ -113,10 +122,11 @@ def paths(module, obs_dim, act_dim, args, against=None):
         agent = source.Agent(obs_dim, act_dim)
         params = {key: p.detach() for key, p in agent.named_parameters()}
         adam = source.adam_state(params)
+        batch = batch_for(source, flat)
         if compiled:
-            step = mains_step(source, params, adam, flat, lr, agent, script_args)
+            step = mains_step(source, params, adam, batch, lr, agent, script_args)
         else:
-            step = functools.partial(source.train_step, params, adam, flat, lr=lr, agent=agent, args=script_args)
+            step = functools.partial(source.train_step, params, adam, batch, lr=lr, agent=agent, args=script_args)
         start = time.perf_counter()
         step(torch.arange(args.minibatch_size))  # the first call compiles
         out[name] = (step, time.perf_counter() - start if compiled else 0.0)

@@ -93,7 +93,7 @@ def age_rows(module, agent, b, estimates, env_ages, args, previous=None):
     flat["ages"] = ages = torch.as_tensor(env_ages).expand(b["rewards"].shape).reshape(-1)
     mean, logstd = agent.actor(flat["obs"])
     z = (flat["actions"] - mean) / logstd.exp()
-    weight = (estimates["proximal_logprobs"] - b["logprobs"]).exp().reshape(-1)
+    weight = (estimates["proximal_logprobs"] - b["behaviour_logprobs"]).exp().reshape(-1)
     advantages = flat["advantages"]
     standardised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     with torch.enable_grad():
