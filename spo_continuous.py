@@ -260,6 +260,7 @@ def update_kl(actor, obs, proximal):
     return gaussian_kl(*proximal, *actor(obs)).mean().item()
 
 
+# --8<-- [start:lag_simulator]
 class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
 
@@ -295,8 +296,10 @@ class PolicyBuffer:
                 mean[envs_idx], logstd[envs_idx] = self[age](obs[envs_idx])
         action = mean + logstd.exp() * torch.randn(mean.shape, generator=generator)
         return action, mean, logstd
+# --8<-- [end:lag_simulator]
 
 
+# --8<-- [start:rollout]
 @torch.inference_mode()  # acting needs no gradients
 def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scaler, current_obs, generator):
     """Step the envs `num_steps` times, each actor with the snapshot it drew (observation statistics updated
@@ -329,8 +332,10 @@ def collect_rollout(envs, num_steps, policy_buffer, groups, obs_rms, reward_scal
     rollout["behaviour_logprobs"] = gaussian_logprob(torch.as_tensor(rollout["actions"]), torch.as_tensor(means),
                                                      logstd).numpy()
     return rollout, current_obs, episodes
+# --8<-- [end:rollout]
 
 
+# --8<-- [start:compute_gae]
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """Generalized Advantage Estimation. All inputs are float tensors shaped [T, N] (time-major).
 
@@ -348,8 +353,10 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages
+# --8<-- [end:compute_gae]
 
 
+# --8<-- [start:estimate_advantages]
 @torch.no_grad()
 def estimate_advantages(agent, b, args):
     """GAE advantages and return targets from the learner's *current* critic (the actors have none), plus
@@ -362,6 +369,7 @@ def estimate_advantages(agent, b, args):
                              args.gamma, args.gae_lambda)
     returns = advantages + values
     return dict(values=values, proximal_logprobs=proximal_logprobs, advantages=advantages, returns=returns)
+# --8<-- [end:estimate_advantages]
 
 
 # --8<-- [start:spo_policy_loss]
