@@ -553,10 +553,10 @@ def adapted_lr_scale(scale, tv, args):
 
 
 def main(args: Args):
+    check_args(args)  # before anything runs
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
-    check_args(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
     # env setup
@@ -679,28 +679,29 @@ def main(args: Args):
 
 def check_args(args: Args) -> None:
     """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "clip_coef", "rho_bar", "c_bar"):
-        if getattr(args, name) <= 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.policy_buffer < 1:
-        sys.exit(f"error: --policy-buffer must be >= 1 (1 = synchronous), got {args.policy_buffer}")
-    if args.max_update_kl is not None and args.max_update_kl <= 0:
-        sys.exit(f"error: --max-update-kl must be > 0, got {args.max_update_kl}")
-    for name in ("eval_episodes", "checkpoint_every"):
-        if getattr(args, name) < 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.batch_size % args.num_minibatches:
-        sys.exit(f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
+    ranges = dict(  # every numeric option: the interval of values it takes
+        total_timesteps="[1, inf)", num_envs="[1, inf)", num_steps="[1, inf)", num_minibatches="[1, inf)",
+        update_epochs="[1, inf)", policy_buffer="[1, inf)", learning_rate="(0, inf)", max_grad_norm="(0, inf)",
+        clip_coef="(0, inf)", target_kl="(0, inf)", max_update_kl="(0, inf)", gamma="[0, 1]", gae_lambda="[0, 1]",
+        ent_coef="[0, inf)", vf_coef="[0, inf)", eval_episodes="[0, inf)", checkpoint_every="[0, inf)",
+        seed="[0, 4294967295]", rho_bar="(0, inf)", c_bar="(0, inf)", adapt_factor="[0, inf)",
+        adapt_minthresh="[0, inf)", adapt_maxthresh="[0, inf)")
+    for name, interval in ranges.items():  # "[" and "]" include their bound, "(" and ")" leave it out
+        value, (low, high) = getattr(args, name), map(float, interval[1:-1].split(","))
+        if value is not None and not (low < value < high or value == low and interval[0] == "["
+                                      or value == high and interval[-1] == "]"):
+            sys.exit(f"error: --{name.replace('_', '-')} must be in {interval}, got {value}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        sys.exit(f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {batch_size} "
                  f"is not divisible by --num-minibatches {args.num_minibatches}")
-    if args.total_timesteps < args.batch_size:
-        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size})")
+    if args.total_timesteps < batch_size:
+        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({batch_size})")
     if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
         sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
                  "first from the logged returns; pip install 'gymnasium>=1.4'")
-    if args.adapt_factor < 0 or not 0 <= args.adapt_minthresh <= args.adapt_maxthresh:
-        sys.exit(f"error: the learning-rate rule needs --adapt-factor >= 0 and 0 <= --adapt-minthresh <= "
-                 f"--adapt-maxthresh, got {args.adapt_factor}, {args.adapt_minthresh}, {args.adapt_maxthresh}")
+    if args.adapt_minthresh > args.adapt_maxthresh:
+        sys.exit(f"error: --adapt-minthresh {args.adapt_minthresh} is above --adapt-maxthresh {args.adapt_maxthresh}")
     if args.env_id not in gym.registry:
         close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

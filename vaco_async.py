@@ -1053,10 +1053,10 @@ def shut_down(comm, processes, args):
 
 def main(args: Args):
     rank, world_size, torchrun = resolve_launch(args)
+    check_args(args)  # before anything runs
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
-    check_args(args)
     if rank > 0:  # torchrun started this process as an actor: it takes the learner's settings (and exits)
         actor_process(rank, world_size, args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -1205,28 +1205,27 @@ def main(args: Args):
 
 def check_args(args: Args) -> None:
     """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "tv_threshold", "rho_bar", "c_bar"):
-        if getattr(args, name) <= 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name, bad, rule in [("num_actors", args.num_actors < 1, ">= 1"), ("queue_batches", args.queue_batches < 1, ">= 1"),
-                            ("max_policy_lag", (args.max_policy_lag or 0) < 0, ">= 0"),
-                            ("actor_delay_ms", args.actor_delay_ms < 0, ">= 0"),
-                            ("actor_timeout", args.actor_timeout <= 0, "positive")]:
-        if bad:
-            sys.exit(f"error: --{name.replace('_', '-')} must be {rule}, got {getattr(args, name)}")
+    ranges = dict(  # every numeric option: the interval of values it takes
+        total_timesteps="[1, inf)", num_envs="[1, inf)", num_steps="[1, inf)", num_minibatches="[1, inf)",
+        update_epochs="[1, inf)", learning_rate="(0, inf)", max_grad_norm="(0, inf)",
+        clip_coef="(0, inf)", target_kl="(0, inf)", gamma="[0, 1]", gae_lambda="[0, 1]", ent_coef="[0, inf)",
+        vf_coef="[0, inf)", eval_episodes="[0, inf)", checkpoint_every="[0, inf)", seed="[0, 4294967295]",
+        tv_threshold="(0, inf)", rho_bar="(0, inf)", c_bar="(0, inf)", num_actors="[1, inf)",
+        queue_batches="[1, inf)", max_policy_lag="[0, inf)", actor_delay_ms="[0, inf)", actor_timeout="(0, inf)",
+        master_port="[0, 65535]")
+    for name, interval in ranges.items():  # "[" and "]" include their bound, "(" and ")" leave it out
+        value, (low, high) = getattr(args, name), map(float, interval[1:-1].split(","))
+        if value is not None and not (low < value < high or value == low and interval[0] == "["
+                                      or value == high and interval[-1] == "]"):
+            sys.exit(f"error: --{name.replace('_', '-')} must be in {interval}, got {value}")
     if args.num_envs % args.num_actors:
         sys.exit(f"error: --num-envs {args.num_envs} cannot be split evenly across {args.num_actors} actors")
-    if not 0 <= args.master_port < 65536:
-        sys.exit(f"error: --master-port must be a port number (0 for any free one), got {args.master_port}")
-    for name in ("eval_episodes", "checkpoint_every"):
-        if getattr(args, name) < 0:
-            sys.exit(f"error: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.batch_size % args.num_minibatches:
-        sys.exit(f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} "
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        sys.exit(f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {batch_size} "
                  f"is not divisible by --num-minibatches {args.num_minibatches}")
-    if args.total_timesteps < args.batch_size:
-        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size})")
+    if args.total_timesteps < batch_size:
+        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({batch_size})")
     if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
         sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
                  "first from the logged returns; pip install 'gymnasium>=1.4'")

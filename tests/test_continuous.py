@@ -341,10 +341,10 @@ def test_existing_run_directory_is_never_reused(module, train):
 # --- bad input ----------------------------------------------------------------------------------
 
 BAD_INPUTS = [
-    (dict(policy_buffer=0), "--policy-buffer must be >= 1"),
+    (dict(policy_buffer=0), "--policy-buffer must be in [1, inf), got 0"),
     (dict(num_minibatches=5), "not divisible by --num-minibatches 5"),
-    (dict(total_timesteps=0), "--total-timesteps must be positive"),
-    (dict(total_timesteps=-5), "--total-timesteps must be positive"),
+    (dict(total_timesteps=0), "--total-timesteps must be in [1, inf), got 0"),
+    (dict(num_minibatches=0), "--num-minibatches must be in [1, inf), got 0"),
     (dict(total_timesteps=100), "less than one batch"),
     (dict(env_id="Hoper-v4"), "unknown environment id 'Hoper-v4' (did you mean Hopper-v4?)"),
     (dict(env_id="CartPole-v1"), "CartPole-v1 has a Discrete action space"),

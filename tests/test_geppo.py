@@ -137,9 +137,9 @@ def test_resume_refuses_a_checkpoint_without_the_factor(train):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (dict(clip_coef=0.0), "--clip-coef must be positive"),
-    (dict(adapt_factor=-0.1), "--adapt-factor >= 0"),
-    (dict(adapt_minthresh=2.0), "--adapt-minthresh <= --adapt-maxthresh"),
+    (dict(clip_coef=0.0), "--clip-coef must be in (0, inf), got 0.0"),
+    (dict(adapt_factor=-0.1), "--adapt-factor must be in [0, inf), got -0.1"),
+    (dict(adapt_minthresh=2.0), "--adapt-minthresh 2.0 is above --adapt-maxthresh 1.0"),
 ])
 def test_bad_input_is_one_clear_error(flags, message, tmp_path):
     result = run_script("geppo_continuous.py", *cli_flags(**flags), cwd=tmp_path)

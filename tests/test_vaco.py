@@ -227,5 +227,5 @@ def test_tiny_threshold_filters(train):
 @pytest.mark.parametrize("flag, value", [("tv_threshold", 0.0), ("tv_threshold", -0.1), ("rho_bar", 0.0),
                                          ("c_bar", -1.0)])
 def test_vaco_bad_input(flag, value, train):
-    with pytest.raises(SystemExit, match=f"error: --{flag.replace('_', '-')} must be positive"):
+    with pytest.raises(SystemExit, match=rf"error: --{flag.replace('_', '-')} must be in \(0, inf\), got {value}"):
         train(vaco, **{flag: value})

@@ -162,11 +162,11 @@ def test_torchrun_world_size_sets_or_checks_the_actors(monkeypatch):
 
 
 BAD_INPUTS = [
-    (dict(num_actors=0), "--num-actors must be >= 1, got 0"),
+    (dict(num_actors=0), "--num-actors must be in [1, inf), got 0"),
     (dict(num_actors=3), "--num-envs 2 cannot be split evenly across 3 actors"),
-    (dict(max_policy_lag=-1), "--max-policy-lag must be >= 0"),
-    (dict(queue_batches=0), "--queue-batches must be >= 1"),
-    (dict(actor_timeout=0.0), "--actor-timeout must be positive"),
+    (dict(max_policy_lag=-1), "--max-policy-lag must be in [0, inf), got -1"),
+    (dict(queue_batches=0), "--queue-batches must be in [1, inf), got 0"),
+    (dict(actor_timeout=0.0), "--actor-timeout must be in (0, inf), got 0.0"),
     (dict(total_timesteps=32), "less than one batch"),
     (dict(env_id="CartPole-v1"), "CartPole-v1 has a Discrete action space"),
     (dict(resume="missing.cleanrl_model"), "--resume missing.cleanrl_model: no such file"),
