@@ -92,9 +92,9 @@ class Args:
 
     # GePPO
     rho_bar: float = 1.0
-    """V-trace: clip of the importance ratios in the TD errors (rho-bar; GePPO's truncation 1)"""
+    """V-trace: clip of the weights w = pi_T/beta in the TD errors (rho-bar; GePPO's truncation 1)"""
     c_bar: float = 1.0
-    """V-trace: clip of the importance ratios in the trace (c-bar; GePPO's truncation 1)"""
+    """V-trace: clip of the weights w in the trace (c-bar; GePPO's truncation 1)"""
     advantage_alignment: bool = True
     """V-trace advantages of pi_T, the learner at the update's start; `--no-advantage-alignment` uses GAE"""
     adapt_lr: bool = True

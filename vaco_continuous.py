@@ -11,7 +11,7 @@ the synchronous setting. VACO answers the two kinds of lag:
 
 1. Advantage alignment (backward lag: the learner pi_T already differs from the behaviour policy
    beta that acted). Once per update, before any gradient step, V-trace estimates the advantages
-   of pi_T from beta's data, with clipped importance ratios; the critic regresses on V-trace targets.
+   of pi_T from beta's data, with clipped weights pi_T/beta; the critic regresses on V-trace targets.
 2. TV filtering (forward lag: pi_theta drifts from beta over many minibatch steps). Per minibatch,
    TV(pi_theta, beta) ~ 1/2 mean|rho - 1|, rho = pi_theta/beta. Above a threshold delta, every
    sample whose update would increase the divergence (A and rho - 1 of the same sign) has its gradient
@@ -94,9 +94,9 @@ class Args:
     """what the TV filter measures against: beta, the paper's rule (backward and forward lag together),
     or pi_T, the learner at the update's start (forward drift only); the ratio stays pi_theta/beta"""
     rho_bar: float = 1.0
-    """V-trace: clip of the importance ratios in the TD errors (rho-bar)"""
+    """V-trace: clip of the weights w = pi_T/beta in the TD errors (rho-bar)"""
     c_bar: float = 1.0
-    """V-trace: clip of the importance ratios in the trace (c-bar)"""
+    """V-trace: clip of the weights w in the trace (c-bar)"""
     advantage_alignment: bool = True
     """V-trace advantages of pi_T, the learner at the update's start; `--no-advantage-alignment` uses GAE (ablation)"""
     tv_filter: bool = True
