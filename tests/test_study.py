@@ -8,6 +8,7 @@ import importlib
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -216,8 +217,14 @@ def test_the_share_of_the_lag_loss_won_back_on_the_tasks_where_lag_hurts(tmp_pat
     assert "| **TaskB-v4** | 0.56 | 1.98 |" in diagnostics and "| TaskA-v4 | 1.91 | 2.82 |" in diagnostics
     figure = saved[os.path.join(folder, "lag_recovered.png")]
     readable(figure)
-    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["TaskA-v4", "TaskB-v4", "mean over 2 tasks",
-                                                                        "median over 2 tasks"]
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["median over 2 tasks", "mean over 2 tasks",
+                                                                        "TaskA-v4", "TaskB-v4"]
+    # the axis holds -1.5 to 3; an interval past it ends in an arrowhead at the edge, never cut silently
+    ax = figure.axes[0]
+    assert ax.get_xlim() == (-1.5, 3.0)
+    arrows = [line for line in ax.get_lines() if line.get_marker() in ("<", ">")]
+    ends = [(line.get_xdata()[0], line.get_marker()) for line in arrows]
+    assert all((x, m) in ((-1.5, "<"), (3.0, ">")) for x, m in ends)
 
 
 def write_csv_columns(folder, task, algorithm, seed, k=8, **columns):
@@ -291,7 +298,11 @@ def test_which_part_wins_lag_back_one_variable_at_a_time(tmp_path, saved):
     assert "| TaskA-v4 | GePPO |" not in section
     figure = saved[os.path.join(folder, "trust_region.png")]
     readable(figure, legend=False)
-    assert [t.get_text() for t in figure.axes[0].get_yticklabels()][:2] == ["PPO", "VACO"]
+    labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+    assert labels[0] == "decoupled PPO" and labels[-1] == "PPO"  # the highest IQM first, PPO last for reference
+    bars = figure.axes[0].patches
+    assert len(bars) == len(labels) - 1 and all(bar.get_x() == pytest.approx(0.20, abs=0.01) for bar in bars), \
+        "the bars start at PPO's IQM under the same lag, the baseline of the comparison"
 
 
 def test_a_block_counts_when_every_planned_run_is_in():
@@ -395,9 +406,10 @@ def test_a_folder_without_synchronous_ppo_reports_returns_only(tmp_path, saved):
 
 
 def readable(fig, legend=True):
-    """What every figure of analyze.py promises: every axis labelled, no text under 9 pt, at most
-    two panels a row, a width that a docs column shows without shrinking it much, and a legend
-    (unless the tick labels name what is drawn, as in the aggregates' interval plots)."""
+    """What every figure of analyze.py promises: every axis labelled, no text under plotting.MIN_FONT_PT (10 px high
+    on a phone), at most two panels a row, a width that a docs column shows without shrinking it much, a legend
+    (unless the tick labels name what is drawn, as in the aggregates' interval plots), and no study id in it
+    ("ppo-decoupled"): the pages' names."""
     import matplotlib.text
 
     assert fig.get_figwidth() <= plotting.FIGURE_WIDTH + 1e-9
@@ -411,10 +423,13 @@ def readable(fig, legend=True):
     rows = collections.Counter(round(ax.get_window_extent().y0, 1) for ax in panels)
     assert max(rows.values()) <= 2, "more than two panels a row"
     sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text()]
-    assert min(sizes) >= 9
+    assert min(sizes) >= plotting.MIN_FONT_PT
     legends = fig.legends + [ax.get_legend() for ax in panels if ax.get_legend()]
     assert legends or not legend, "no legend"
-    assert all(t.get_fontsize() >= 9 for legend in legends for t in legend.get_texts())
+    names = [t.get_text() for legend in legends for t in legend.get_texts()]
+    names += [t.get_text() for ax in panels for t in ax.get_yticklabels()]
+    ids = [name for name in names if re.match(r"(ppo|vaco|spo|geppo|vtrace)-|(ppo|vaco|spo)\b", name)]
+    assert not ids, f"study ids in a figure: {ids}"
 
 
 def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
@@ -439,16 +454,17 @@ def test_every_figure_is_readable_at_docs_and_phone_width(tmp_path, saved):
         image = Image.open(os.path.join(folder, name))
         assert image.info["dpi"][0] == pytest.approx(plotting.FIGURE_DPI, abs=0.5), name  # 2x a screen's 96 dpi
         assert image.size[0] == round(fig.get_figwidth() * plotting.FIGURE_DPI), name
+        assert float(image.info["min-font-pt"]) >= plotting.MIN_FONT_PT, name  # for .ci/check_pages.py
     # SPO ran at K = 1 and 8 only: the figure says that its dashed line only joins those two
     texts = [t.get_text() for legend in saved["lag_robustness.png"].legends for t in legend.get_texts()]
     assert any("K = 1 and 8 only" in t and "dashed" in t for t in texts), texts
     lines = {line.get_label(): line.get_linestyle() for line in saved["lag_robustness.png"].axes[0].get_lines()}
-    assert lines["spo"] == "--" and lines["ppo"] == lines["vaco"] == "-"
+    assert lines["SPO"] == "--" and lines["PPO"] == lines["VACO"] == "-"
     curves = saved["learning_curves.png"]
     assert len([ax for ax in curves.axes if ax.get_visible()]) == 2 * 4  # 2 tasks x 4 Ks, two a row
     labels = [t.get_text() for t in curves.legends[0].get_texts()]
-    assert labels == ["ppo (2 seeds)", "spo (2 seeds)", "vaco (2 seeds)", "vaco-behaviour-0.1 (2 seeds)",
-                      "vaco-proximal-0.1 (2 seeds)"]
+    assert labels == ["PPO (2 seeds)", "SPO (2 seeds)", "VACO (2 seeds)", "VACO, δ = 0.1 against β (2 seeds)",
+                      r"VACO, δ = 0.1 against $\pi_T$ (2 seeds)"]
 
 
 def test_the_eta_takes_each_task_at_its_own_pace(tmp_path):
@@ -742,7 +758,7 @@ def test_script_curves_draw_the_script_at_its_defaults(tmp_path, saved):
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [block.get_suptitle() for block in fig.subfigs] == ["TaskA-v4", "TaskB-v4"]  # one block per task
     assert [ax.get_title() for ax in panels] == ["K = 1", "K = 8"] * 2
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ppo (3 seeds)", "vaco (3 seeds)"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["PPO (3 seeds)", "VACO (3 seeds)"]
     mean = np.mean([returns[s] for s in returns], axis=0)
     std = np.std([returns[s] for s in returns], axis=0)  # 8.16 for every slice
     for ax, offset, ppo in zip(panels, (0, 0, 100, 100), (0.0, 0.0, 5.0, 5.0)):

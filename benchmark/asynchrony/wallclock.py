@@ -141,25 +141,26 @@ def report(runs, args):
 
 
 def plot(runs, args, path):
-    import matplotlib
+    """Return against wall-clock minutes, one line per seed, in the study's figure look (benchmark/study/plotting.py:
+    fonts a phone can read, Okabe and Ito's colours)."""
+    from benchmark.study import plotting
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    colours = {"sync": "tab:blue", "async": "tab:orange"}
+    plt = plotting.pyplot()
+    colours = {"sync": plotting.OKABE_ITO["blue"], "async": plotting.OKABE_ITO["vermillion"]}
     labels = {"sync": "vaco_continuous.py --policy-buffer 1", "async": f"vaco_async.py --num-actors {args.num_actors}"}
-    for name in colours:
-        mine = [r for r in runs if r["name"] == name]
-        for i, r in enumerate(mine):  # one line per seed, one legend entry per script
-            ax.plot(r["curve_minutes"], r["curve"], color=colours[name], alpha=0.8,
-                    label=f"{labels[name]} ({len(mine)} seeds)" if i == 0 else None)
-    ax.set_xlabel("wall-clock minutes")
-    ax.set_ylabel(f"return (rolling mean of {args.window} episodes)")
-    ax.set_title(f"{args.env_id}, {args.total_timesteps:,} env steps per run")
-    ax.legend(fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=200)
+    with plt.rc_context(plotting.FONT):
+        fig, ax = plt.subplots(figsize=(plotting.FIGURE_WIDTH, 5.2), layout="constrained")
+        for name in colours:
+            mine = [r for r in runs if r["name"] == name]
+            for i, r in enumerate(mine):  # one line per seed, one legend entry per script
+                ax.plot(r["curve_minutes"], r["curve"], color=colours[name], alpha=0.8, lw=1.6,
+                        ls="-" if name == "sync" else "--", label=f"{labels[name]} ({len(mine)} seeds)" if i == 0 else None)
+        ax.set_xlabel("wall-clock minutes")
+        ax.set_ylabel(f"return (rolling mean\nof {args.window} episodes)")
+        ax.set_title(f"{args.env_id}, {args.total_timesteps:,} env steps per run")
+        ax.grid(True, alpha=0.25)
+        fig.legend(loc="outside upper center", ncol=1)
+        plotting.save(fig, path)
 
 
 def main(args: Args):

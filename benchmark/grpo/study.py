@@ -323,32 +323,35 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
 
 
 def figures(runs: dict, figures_dir: str) -> list:
-    """Reward curves (mean over seeds, the seeds' range shaded) and TV per minibatch index k."""
-    import matplotlib
+    """Reward curves (mean over seeds, the seeds' range shaded) and TV per minibatch index k, one panel above the
+    other, in the study's figure look (benchmark/study/plotting.py: fonts a phone can read, Okabe and Ito's colours)."""
+    from benchmark.study import plotting
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plotting.pyplot()
     os.makedirs(figures_dir, exist_ok=True)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for c in [c for c in LABELS if c in runs]:
-        curves = [[r["reward"] for r in rows] for _, rows in runs[c]]
-        steps = range(1, min(map(len, curves)) + 1)
-        mean = [statistics.mean(x[i - 1] for x in curves) for i in steps]
-        line, = axes[0].plot(steps, mean, label=LABELS[c], linestyle="--" if c == "clip_N1" else "-")
-        axes[0].fill_between(steps, [min(x[i - 1] for x in curves) for i in steps],
-                             [max(x[i - 1] for x in curves) for i in steps], color=line.get_color(), alpha=0.12)
-        if c != "clip_N1":
-            axes[1].plot(range(1, N), [statistics.mean(r[f"tv_{k}"] for _, rows in runs[c] for r in rows) for k in range(1, N)],
-                         marker="o", label=LABELS[c], color=line.get_color())
-    axes[0].set(xlabel="training step", ylabel="mean reward of the step's 16 completions", title="Reward (mean over seeds)")
-    axes[1].set(xlabel="minibatch index k", ylabel="TV to μ", title="Forward lag: TV of minibatch k", yscale="log")
-    axes[0].legend(fontsize=7)
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(figures_dir, "grpo_study.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    colours = dict(zip(LABELS, [plotting.OKABE_ITO[c] for c in ("black", "blue", "sky", "orange", "vermillion",
+                                                                "purple", "green")]))
+    with plt.rc_context(plotting.FONT):
+        fig, axes = plt.subplots(2, 1, figsize=(plotting.FIGURE_WIDTH, 8.6), layout="constrained")
+        for c in [c for c in LABELS if c in runs]:
+            curves = [[r["reward"] for r in rows] for _, rows in runs[c]]
+            steps = range(1, min(map(len, curves)) + 1)
+            mean = [statistics.mean(x[i - 1] for x in curves) for i in steps]
+            axes[0].plot(steps, mean, label=LABELS[c], color=colours[c], lw=2, linestyle="--" if c == "clip_N1" else "-")
+            axes[0].fill_between(steps, [min(x[i - 1] for x in curves) for i in steps],
+                                 [max(x[i - 1] for x in curves) for i in steps], color=colours[c], alpha=0.12, lw=0)
+            if c != "clip_N1":
+                axes[1].plot(range(1, N), [statistics.mean(r[f"tv_{k}"] for _, rows in runs[c] for r in rows)
+                                           for k in range(1, N)], marker="o", color=colours[c], lw=2)
+        axes[0].set(xlabel="training step", ylabel="mean reward of the\nstep's 16 completions",
+                    title="Reward: mean over seeds, their range shaded")
+        axes[1].set(xlabel="minibatch index k", ylabel="TV to μ", yscale="log",
+                    title="Forward lag: TV of minibatch k (N = 8)")
+        for ax in axes:
+            ax.grid(True, alpha=0.25)
+        fig.legend(loc="outside upper center", ncol=2)
+        path = os.path.join(figures_dir, "grpo_study.png")
+        plotting.save(fig, path)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""How the study's figures look: their size, fonts and colours, where they are saved and how the report links them;
-and the learning curves, which the report and benchmark/study/script_curves.py both draw.
+"""How the study's figures look: their size, fonts, colours and names, where they are saved and how the report links
+them; and the learning curves, which the report and benchmark/study/script_curves.py both draw.
 
-Drawn for a docs column of 6.4 in (1280 px at FIGURE_DPI; the page shows it at its column's width): at most two
-panels a row, so that on a phone (about 400 px wide) a panel is still half the screen; every axis labelled, legends
-at FONT["legend.fontsize"] pt and outside the data.
+Drawn for a phone as much as for a laptop: 6.4 in wide (1280 px at FIGURE_DPI), with text of at least MIN_FONT_PT,
+so that on a phone's 390 px screen, where the figure is 358 px wide, its smallest text is still 10 px high (and the
+site shows it at most 600 px wide on a laptop, where the same text is 17 px); at most two panels a row; every axis
+labelled, legends outside the data, algorithms under their names on the pages (`name`), not their ids in the study;
+colours from Okabe and Ito's palette, which colour-blind readers tell apart. `save` records the smallest font and the
+resolution in the PNG (`min-font-pt`, `dpi`), and .ci/check_pages.py checks how large that text is on the pages.
 """
 
 import os
@@ -13,24 +16,54 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmark.study.presets import MAIN_ALGORITHMS
+from benchmark.study.presets import LAG_METHODS, MAIN_ALGORITHMS
 from benchmark.study.scores import slice_scores
 
 FIGURE_DPI = 200
 FIGURE_WIDTH = 6.4
-FONT = {"font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "xtick.labelsize": 11,
-        "ytick.labelsize": 11, "legend.fontsize": 11, "legend.title_fontsize": 11, "figure.titlesize": 12}
-# one colour per algorithm in every figure (matplotlib's tab10); the sweep's variants take the rest
-COLOURS = dict(zip(MAIN_ALGORITHMS, [f"C{i}" for i in range(len(MAIN_ALGORITHMS) - 1)] + ["teal"]))
-COLOURS.update({"vaco-proximal-0.1": "C8", "vtrace-decoupled": "C9", "geppo": "olive", "geppo-gae": "darkkhaki"})
-SWEEP_COLOURS = ["C8", "C9", "black", "C7", "gold", "navy"]
+MIN_FONT_PT = 13.5
+FONT = {"font.size": 14, "axes.titlesize": 14, "axes.labelsize": 14, "xtick.labelsize": MIN_FONT_PT,
+        "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT, "legend.title_fontsize": MIN_FONT_PT,
+        "figure.titlesize": 14}
+# Okabe & Ito (2008), "Color Universal Design": eight colours that stay distinct under every common colour blindness
+OKABE_ITO = {"blue": "#0072B2", "vermillion": "#D55E00", "green": "#009E73", "sky": "#56B4E9", "orange": "#E69F00",
+             "purple": "#CC79A7", "yellow": "#F0E442", "black": "#000000"}
+# one colour per algorithm in every figure; two algorithms share one only when no figure shows both (the 300k study's
+# baselines and ablations, the ten tasks' methods under lag)
+COLOURS = {"ppo": OKABE_ITO["blue"], "vaco": OKABE_ITO["vermillion"], "ppo-decoupled": OKABE_ITO["green"],
+           "vtrace-decoupled": OKABE_ITO["sky"], "vaco-proximal-0.1": OKABE_ITO["orange"], "geppo": OKABE_ITO["purple"],
+           "geppo-gae": OKABE_ITO["black"], "ppo-kl": OKABE_ITO["sky"], "spo": OKABE_ITO["purple"],
+           "vaco-noalign": OKABE_ITO["orange"], "vaco-nofilter": OKABE_ITO["green"], "vaco-none": OKABE_ITO["black"]}
+# and a marker each, so that a line or a point is told by its shape too
+MARKERS = {"ppo": "o", "vaco": "s", "ppo-decoupled": "D", "vtrace-decoupled": "^", "vaco-proximal-0.1": "v",
+           "geppo": "P", "geppo-gae": "X", "ppo-kl": "^", "spo": "P", "vaco-noalign": "v", "vaco-nofilter": "D",
+           "vaco-none": "X"}
+SWEEP_COLOURS = [OKABE_ITO[c] for c in ("orange", "sky", "black", "purple", "green", "yellow")]
+# the algorithms' names on the pages
+NAMES = {"ppo": "PPO", "ppo-kl": "PPO-KL", "spo": "SPO", "vaco": "VACO", "vaco-noalign": "VACO, no alignment",
+         "vaco-nofilter": "VACO, no filter", "vaco-none": "VACO, neither part", **LAG_METHODS}
 
 
 def colour(algorithm, sweep=()):
     """An algorithm's colour; a sweep's variants take the sweep's palette, in their order."""
     if algorithm in sweep:
         return SWEEP_COLOURS[sorted(sweep).index(algorithm) % len(SWEEP_COLOURS)]
-    return COLOURS.get(algorithm, "black")
+    return COLOURS.get(algorithm, "grey")
+
+
+def marker(algorithm, sweep=()):
+    return "o" if algorithm in sweep else MARKERS.get(algorithm, "o")
+
+
+def name(algorithm, sweep=()):
+    """An algorithm's name in a figure: "decoupled PPO", not "ppo-decoupled"; a sweep's variant by its threshold and
+    reference ("VACO, δ = 0.2 against β"); π_T drawn as maths."""
+    if algorithm in sweep or (algorithm.startswith(("vaco-behaviour-", "vaco-proximal-")) and algorithm not in NAMES):
+        reference, delta = algorithm.split("-")[1:]
+        text = f"VACO, δ = {delta} against {'β' if reference == 'behaviour' else 'π_T'}"
+    else:
+        text = NAMES.get(algorithm, algorithm)
+    return text.replace("π_T", r"$\pi_T$").replace("π_θ", r"$\pi_\theta$")
 
 
 def pyplot():
@@ -42,8 +75,18 @@ def pyplot():
     return plt
 
 
+def smallest_font(fig):
+    """The size in points of the smallest text the figure shows."""
+    import matplotlib.text
+
+    fig.canvas.draw()  # tick labels exist once drawn
+    return min(t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip())
+
+
 def save(fig, path):
-    fig.savefig(path, dpi=FIGURE_DPI)
+    """Write the figure, with its smallest font and its resolution recorded in the PNG for the pages' checks."""
+    metadata = {"min-font-pt": f"{smallest_font(fig):g}", "dpi": f"{FIGURE_DPI}"} if path.endswith(".png") else None
+    fig.savefig(path, dpi=FIGURE_DPI, metadata=metadata)
     pyplot().close(fig)
 
 
@@ -84,7 +127,7 @@ def curves_figure(runs, keys, ks, sweep, path, shown=None):
     e.g. the finalists; or the algorithms in `shown`): one block per task, titled with its name, of one
     panel per K, two panels a row."""
     plt = pyplot()
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     tasks = sorted({t for key in keys for t in keys[key]})
     cols = 2 if len(ks) > 1 else 1
@@ -125,10 +168,12 @@ def curves_figure(runs, keys, ks, sweep, path, shown=None):
                 ax.set_xlabel("env steps (millions)")
                 ax.set_ylabel("episode return")
                 ax.yaxis.set_major_formatter(FuncFormatter(compact_thousands))
+                ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
                 ax.grid(True, alpha=0.25)
         legend = [a for a in order if a in handles]
         n = {a: (f"{min(seeds[a])}" if len(seeds[a]) == 1 else f"{min(seeds[a])}–{max(seeds[a])}") for a in legend}
-        labels = [f"{a} ({n[a]} seed{'' if n[a] == '1' else 's'})" for a in legend]
+        labels = [f"{name(a, sweep)} ({n[a]} seed{'' if n[a] == '1' else 's'})" for a in legend]
         fig.legend([handles[a] for a in legend], labels, loc="outside upper center",
                    ncol=2, title="mean over seeds (line) ± one std (band)")
     save(fig, path)

@@ -49,8 +49,8 @@ def lag_figure(points, intervals, ks, main_tasks, path):
                 lo, hi = np.array([p[2][0] for p in pts]), np.array([p[2][1] for p in pts])
                 complete = len(x) == len(ks)
                 c = plotting.colour(algorithm)
-                ax.plot(x, y, marker="o", label=algorithm, color=c, lw=2.4 if algorithm in ("ppo", "vaco") else 1.4,
-                        ls="-" if complete else "--")
+                ax.plot(x, y, marker=plotting.marker(algorithm), ms=7, label=plotting.name(algorithm), color=c,
+                        lw=2.4 if algorithm in ("ppo", "vaco") else 1.4, ls="-" if complete else "--")
                 if complete:
                     ax.fill_between(x, lo, hi, alpha=0.15, color=c)
                 else:  # run at fewer K: dashed line, intervals only where measured
@@ -62,15 +62,15 @@ def lag_figure(points, intervals, ks, main_tasks, path):
         names = ", ".join(t.split("-")[0] for t in main_tasks)
         ax.set_title(f"Lag robustness ({names})" if len(main_tasks) <= 4 else f"Lag robustness, {len(main_tasks)} tasks")
         ax.grid(True, alpha=0.25)
-        fig.legend(loc="outside upper center", ncol=4)
+        fig.legend(loc="outside upper center", ncol=3 if len(ax.get_lines()) <= 3 else 2)
         style = [((Line2D([], [], color="grey", lw=2), Patch(color="grey", alpha=0.15)),
                   "run at every K: solid line, band = 95 % interval")]
         if partial:
             measured = sorted({tuple(x) for x in partial.values()})
             where = plotting.k_list(measured[0]) + " only" if len(measured) == 1 else "fewer K"
             style.append((Line2D([], [], color="grey", lw=1.4, ls="--", marker="o"),
-                          f"run at {where}: the dashed line only joins the measured\n"
-                          "points, bars = 95 % interval"))
+                          f"run at {where}: the dashed line only joins\n"
+                          "the measured points, bars = 95 % interval"))
         fig.legend(*zip(*style), loc="outside lower center", handlelength=2.5)
     plotting.save(fig, path)
 
@@ -79,24 +79,26 @@ def interval_figure(points, intervals, algorithms, k, tasks, path):
     """rliable's aggregate intervals of METRICS at one K, a 2 x 2 grid (one metric a panel)."""
     plt = plotting.pyplot()
     with plt.rc_context(plotting.FONT):
-        fig, axes = plt.subplots(2, 2, figsize=(plotting.FIGURE_WIDTH, 1.7 + 0.56 * len(algorithms)), sharey=True,
+        fig, axes = plt.subplots(2, 2, figsize=(plotting.FIGURE_WIDTH, 2.6 + 0.9 * len(algorithms)), sharey=True,
                                  layout="constrained")
         for i, (ax, metric) in enumerate(zip(axes.flat, METRICS)):
             for row, algorithm in enumerate(algorithms):
                 name = f"{algorithm} K={k}"
                 lo, hi = intervals[name][:, i]
-                ax.barh(row, hi - lo, left=lo, height=0.6, color=plotting.colour(algorithm), alpha=0.75)
+                ax.barh(row, hi - lo, left=lo, height=0.6, color=plotting.colour(algorithm), alpha=0.85,
+                        edgecolor="black", lw=0.6)
                 ax.vlines(points[name][i], row - 0.3, row + 0.3, color="black", lw=1.5)
             ax.set_title(metric + ("\n(lower is better)" if metric == "Optimality Gap" else ""))
             ax.margins(x=0.08)
-            ax.set_xlabel("normalised final score")
+            ax.set_xlabel("normalised score")
             ax.xaxis.set_major_locator(plt.MaxNLocator(4))
             ax.grid(True, axis="x", alpha=0.25)
             for side in ("top", "right", "left"):
                 ax.spines[side].set_visible(False)
-        axes[0][0].set_yticks(range(len(algorithms)), algorithms)
+        axes[0][0].set_yticks(range(len(algorithms)), [plotting.name(a) for a in algorithms])
         axes[0][0].invert_yaxis()  # the first algorithm on top
         for row in axes:
             row[0].set_ylabel("algorithm")
-        fig.suptitle(f"K = {k}, {', '.join(t.split('-')[0] for t in tasks)}:\npoint estimate (black) and 95 % interval")
+        where = ", ".join(t.split("-")[0] for t in tasks) if len(tasks) <= 3 else f"{len(tasks)} tasks"
+        fig.suptitle(f"K = {k}, {where}, normalised final score:\npoint estimate (black) and 95 % interval")
     plotting.save(fig, path)

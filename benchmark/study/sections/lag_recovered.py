@@ -55,31 +55,42 @@ def section(study):
             + [f"![lag recovered]({study.figures.link('lag_recovered.png')})", ""])
 
 
-def figure(tasks, algorithms, estimates, k, path):
-    """Per task where lag hurts PPO, and their mean: the share of PPO's lag loss each algorithm wins back."""
+def figure(tasks, algorithms, estimates, k, path, lo=-1.5, hi=3.0):
+    """The share of PPO's lag loss each algorithm wins back: their median and mean over the tasks where lag hurts PPO,
+    then each of those tasks; a block of rows each, one row an algorithm, its estimate a point with its 95 % interval.
+    The axis holds `lo` to `hi`: an interval that runs past it ends in an arrowhead at the edge (its ends are in the
+    table), never cut silently."""
     plt = plotting.pyplot()
-    rows = tasks + [f"mean over {len(tasks)} tasks", f"median over {len(tasks)} tasks"]
-    height = 0.8 / len(algorithms)
+    n = len(tasks)
+    groups = [(f"median over {n} tasks", -1), (f"mean over {n} tasks", -2)] + [(t, i) for i, t in enumerate(tasks)]
+    rows_per = len(algorithms) + 1.2  # a gap between blocks
     with plt.rc_context(plotting.FONT):
-        fig, ax = plt.subplots(figsize=(plotting.FIGURE_WIDTH, 1.6 + 0.55 * len(rows)), layout="constrained")
-        for j, algorithm in enumerate(algorithms):
-            point, interval = estimates[algorithm]
-            y = np.arange(len(rows)) + (j - (len(algorithms) - 1) / 2) * height
-            ax.barh(y, point, height=height * 0.9, color=plotting.colour(algorithm), alpha=0.8,
-                    label=LAG_METHODS[algorithm])
-            ax.errorbar(point, y, xerr=[point - interval[0], interval[1] - point], fmt="none", ecolor="black",
-                        capsize=2, lw=1)
+        fig, ax = plt.subplots(figsize=(plotting.FIGURE_WIDTH, 2.3 + 0.21 * rows_per * len(groups)),
+                               layout="constrained")
+        for g, (_, column) in enumerate(groups):
+            if g:
+                ax.axhline(g * rows_per - 0.6 - 0.5, color="grey", lw=0.6, alpha=0.5)
+            for j, algorithm in enumerate(algorithms):
+                point, interval = estimates[algorithm][0][column], estimates[algorithm][1][:, column]
+                y, c = g * rows_per + j, plotting.colour(algorithm)
+                left, right = max(interval[0], lo), min(interval[1], hi)
+                ax.plot([left, right], [y, y], color=c, lw=2, solid_capstyle="butt")
+                for end, edge, arrow in ((interval[0], lo, "<"), (interval[1], hi, ">")):
+                    if (end < edge) if arrow == "<" else (end > edge):
+                        ax.plot([edge], [y], marker=arrow, color=c, ms=9, clip_on=False)
+                shown = lo <= point <= hi  # an estimate past the axis shows as the arrow only
+                ax.plot([point if shown else np.nan], [y], marker=plotting.marker(algorithm), color=c, ms=8,
+                        mec="black", mew=0.6, ls="none", label=plotting.name(algorithm) if g == 0 else None)
         ax.axvline(0, color="black", lw=0.8)
-        ax.axvline(1, color="grey", lw=0.8, ls="--")
-        ax.axvline(0.5, color="grey", lw=0.8, ls=":")
-        # a task where PPO loses little has a share with a huge interval: the axis stops at -1.5 and 3
-        ends = np.concatenate([estimates[a][1].ravel() for a in algorithms])
-        ax.set_xlim(max(-1.5, ends.min() - 0.1), min(3.0, ends.max() + 0.1))
-        ax.set_yticks(range(len(rows)), rows)
+        ax.axvline(1, color="grey", lw=1, ls="--")
+        ax.set_xlim(lo, hi)
+        ax.set_xticks(np.arange(np.ceil(lo), hi + 0.01, 1.0))
+        ax.set_xticks(np.arange(np.ceil(lo * 2) / 2, hi + 0.01, 0.5), minor=True)
+        ax.set_ylim(len(groups) * rows_per - 1.2 + 0.2 - 0.5, -0.8)  # the first block on top
+        ax.set_yticks([g * rows_per + (len(algorithms) - 1) / 2 for g in range(len(groups))], [t for t, _ in groups])
         ax.set_ylabel("task where lag hurts PPO")
-        ax.invert_yaxis()  # the first task on top, the mean last
-        ax.set_xlabel(f"share of PPO's loss from K = 1 to K = {k} won back\n"
-                      "(0: PPO under lag, 1: without lag; axis cut at -1.5, 3)")
-        ax.grid(True, axis="x", alpha=0.25)
-        fig.legend(loc="outside upper center", ncol=min(3, len(algorithms)), title="estimate with 95 % interval")
+        ax.set_xlabel(f"share of PPO's lag loss won back at K = {k}\n(0: none; 1: all of it, dashed)", loc="right")
+        ax.grid(True, axis="x", which="both", alpha=0.25)
+        fig.legend(loc="outside upper center", ncol=2,
+                   title="point: estimate; line: 95 % interval;\n▶: goes on past the axis")
     plotting.save(fig, path)

@@ -117,16 +117,16 @@ def figure(normalised, points, intervals, methods, names, keys, ks, tasks, path)
                 if panel == 0:
                     y = np.array([points[f"{a} K={kk}"][1] for kk in run_ks])
                     lo, hi = (np.array([intervals[f"{a} K={kk}"][i, 1] for kk in run_ks]) for i in (0, 1))
-                    ax.errorbar(run_ks, y, yerr=[y - lo, hi - y], marker="o", capsize=3, color=plotting.colour(a),
-                                label=names[a], lw=1.6)
+                    ax.errorbar(run_ks, y, yerr=[y - lo, hi - y], marker=plotting.marker(a), ms=7, capsize=3,
+                                color=plotting.colour(a), label=plotting.name(a), lw=1.6)
                 else:
                     y = [np.mean([s["final"] for s in normalised[(a, kk)][tasks[panel - 1]].values()]) for kk in run_ks]
-                    ax.plot(run_ks, y, marker="o", color=plotting.colour(a), lw=1.6)
+                    ax.plot(run_ks, y, marker=plotting.marker(a), ms=7, color=plotting.colour(a), lw=1.6)
             ax.axhline(1, color="grey", lw=0.8, ls="--")
             plotting.k_axis(ax, ks)
             ax.set_ylabel("normalised final score")
             ax.set_title(f"IQM over {len(tasks)} tasks" if panel == 0 else tasks[panel - 1])
             ax.grid(True, alpha=0.25)
-        fig.legend(loc="outside upper center", ncol=min(3, len(methods)),
-                   title="IQM with 95 % interval (first panel), mean over seeds (task panels)")
+        fig.legend(loc="outside upper center", ncol=2,
+                   title="first panel: IQM with 95 % interval;\nthe tasks' panels: mean over seeds")
     plotting.save(fig, path)

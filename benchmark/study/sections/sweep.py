@@ -78,7 +78,8 @@ def figure(plot, sweep, path):
         for row, metric in enumerate(("final", "auc")):
             for col, k in enumerate((1, 8)):
                 ax = axes[row][col]
-                for reference, marker, c in (("behaviour", "o", "C0"), ("proximal", "s", "C1")):
+                for reference, marker, c in (("behaviour", "o", plotting.OKABE_ITO["blue"]),
+                                            ("proximal", "s", plotting.OKABE_ITO["orange"])):
                     pts = sorted((float(a.rsplit("-", 1)[1]), plot[(a, k)][metric]) for a in sweep
                                  if a.startswith(f"vaco-{reference}-") and metric in plot.get((a, k), {}))
                     if pts:
@@ -93,13 +94,12 @@ def figure(plot, sweep, path):
                 ax.set_xticks(DELTAS, [str(d) for d in DELTAS])
                 ax.minorticks_off()
                 ax.set_xlabel("TV threshold δ")
-                ax.set_ylabel("IQM (1 = PPO at K = 1)")
-                ax.set_title(f"K = {k}, {'AUC' if metric == 'auc' else metric} score"
-                             + (" (proximal = behaviour)" if k == 1 else ""))
+                ax.set_ylabel("normalised IQM")
+                ax.set_title(f"K = {k}, {'AUC' if metric == 'auc' else metric} score")
                 ax.grid(True, alpha=0.25)
         labels = {"behaviour": r"TV against the behaviour policy $\beta$",
                   "proximal": r"TV against the proximal policy $\pi_T$", "ppo": "PPO at the same K"}
         order = [name for name in labels if name in handles]
-        fig.legend([handles[n] for n in order], [labels[n] for n in order], loc="outside upper center", ncol=2,
-                   title="normalised IQM with 95 % interval")
+        fig.legend([handles[n] for n in order], [labels[n] for n in order], loc="outside upper center", ncol=1,
+                   title="normalised IQM (1 = PPO at K = 1) with 95 % interval;\nat K = 1 the two references are the same runs")
     plotting.save(fig, path)

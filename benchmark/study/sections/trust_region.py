@@ -144,19 +144,31 @@ def final_rate_factor(runs, key, task):
 
 
 def figure(points, intervals, methods, names, k, n_tasks, path):
-    """The IQM of the normalised final score at K = k of every method under lag, with its interval, beside PPO."""
+    """The IQM of the normalised final score at K = k of every method under lag, highest first, as a bar from PPO's
+    IQM at K = k (the baseline: what a method adds under the same lag) with its 95 % interval; PPO last, a point with
+    its interval, and synchronous PPO (1) dashed. The axis spans the intervals, not 0 to them."""
     plt = plotting.pyplot()
+    base = points["ppo"][1]
+    order = sorted((a for a in methods if a != "ppo"), key=lambda a: -points[a][1]) + ["ppo"]
     with plt.rc_context(plotting.FONT):
-        fig, ax = plt.subplots(figsize=(plotting.FIGURE_WIDTH, 1.4 + 0.5 * len(methods)), layout="constrained")
-        for i, a in enumerate(methods):
+        fig, ax = plt.subplots(figsize=(plotting.FIGURE_WIDTH, 2.2 + 0.55 * len(order)), layout="constrained")
+        for i, a in enumerate(order):
             iqm, (lo, hi) = points[a][1], intervals[a][:, 1]
-            ax.barh(i, iqm, color=plotting.colour(a), alpha=0.8)
-            ax.errorbar(iqm, i, xerr=[[iqm - lo], [hi - iqm]], fmt="none", ecolor="black", capsize=3, lw=1)
-        ax.axvline(1, color="grey", lw=0.8, ls="--")
-        ax.set_yticks(range(len(methods)), [names[a] for a in methods])
+            c = plotting.colour(a)
+            if a != "ppo":
+                ax.barh(i, iqm - base, left=base, height=0.6, color=c, alpha=0.85, edgecolor="black", lw=0.6)
+            ax.errorbar(iqm, i, xerr=[[iqm - lo], [hi - iqm]], fmt=plotting.marker(a), color="black", mfc=c, ms=8,
+                        capsize=4, lw=1.2)
+        ax.axvline(base, color=plotting.colour("ppo"), lw=1.2)
+        ax.axvline(1, color="grey", lw=1, ls="--")
+        ends = np.concatenate([intervals[a][:, 1] for a in order] + [[1.0]])
+        pad = 0.08 * (ends.max() - ends.min())
+        ax.set_xlim(ends.min() - pad, ends.max() + pad)
+        ax.set_yticks(range(len(order)), [plotting.name(a) for a in order])
         ax.set_ylabel("method")
         ax.invert_yaxis()
-        ax.set_xlabel(f"IQM of the normalised final score at K = {k}\n({n_tasks} tasks; 1 = PPO at K = 1, dashed)")
-        ax.set_title("IQM with its 95 % interval")
+        ax.set_xlabel(f"IQM of the normalised final score at K = {k}\n({n_tasks} tasks; 1 = PPO at K = 1, dashed)",
+                      loc="right")
+        ax.set_title(f"bar: gain over PPO at K = {k} (solid line)\nblack: 95 % interval", loc="right")
         ax.grid(True, axis="x", alpha=0.25)
     plotting.save(fig, path)
