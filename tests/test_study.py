@@ -305,6 +305,32 @@ def test_which_part_wins_lag_back_one_variable_at_a_time(tmp_path, saved):
         "the bars start at PPO's IQM under the same lag, the baseline of the comparison"
 
 
+def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(tmp_path):
+    """The table the README and the results' summary show: every method under lag with its command, ordered by its
+    IQM at K = 8, PPO last; one statistic a cell; a block still running left out and named below."""
+    folder = trust_region_folder(tmp_path)
+    analyze.main(analyze.Args(results_dir=folder, reps=200))
+    report = open(os.path.join(folder, "report.md")).read()
+    section = report[report.index("[start:which_script]"):report.index("[end:which_script]")]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| method")]
+    assert [row[0] for row in rows][0] == "decoupled PPO" and rows[-1][0] == "PPO"
+    iqms = [float(row[2].split(" ")[0]) for row in rows]
+    assert iqms[:-1] == sorted(iqms[:-1], reverse=True)  # the recommendation first
+    by_name = {row[0]: row for row in rows}
+    assert by_name["decoupled PPO"][1] == "`python ppo_continuous.py --policy-buffer 8 --clip-reference proximal`"
+    assert by_name["VACO against π_T"][1] == "`python vaco_continuous.py --policy-buffer 8 --tv-reference proximal`"
+    assert by_name["GePPO"][1] == "`python geppo_continuous.py --policy-buffer 8`"  # its flags are its defaults
+    assert by_name["V-trace + decoupled clip"][1] == \
+        "`python vaco_continuous.py --policy-buffer 8 --no-tv-filter --clip-reference proximal`"
+    assert by_name["decoupled PPO"][2].startswith("1.00 [") and by_name["PPO"][2].startswith("0.20 [")
+    assert by_name["V-trace + decoupled clip"][3].startswith("0.25 [")  # the median share, as trust_region's
+    assert by_name["GePPO"][4] == "1 of 3 tasks" and by_name["decoupled PPO"][4] == "0 of 3 tasks"
+    assert by_name["PPO"][3] == "0 (reference)" and by_name["PPO"][4] == ""
+    assert all(len(row) == 5 for row in rows)  # no larger K ran: no column for it
+    assert "GePPO with GAE" not in by_name and "GePPO with GAE (1 of 9 runs)" in section
+
+
 def test_a_block_counts_when_every_planned_run_is_in():
     raw = {("geppo", 8): {"TaskA-v4": {1: {}, 2: {}}, "TaskB-v4": {1: {}}},  # 3 of the 4 runs planned
            ("vaco-proximal-0.1", 8): {"TaskA-v4": {1: {}, 2: {}}},  # all its runs, planned on TaskA only

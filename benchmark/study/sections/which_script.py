@@ -1,0 +1,112 @@
+"""Under lag, which script: every method under lag beside PPO, one statistic a cell, in the order of the
+recommendation: the command that runs it under the grid's largest lag, the IQM of its normalised final score there on
+every task, the median share of PPO's lag loss it wins back where lag hurts PPO, on how many tasks it is clearly
+behind PPO, and, where a larger lag ran on fewer tasks, its IQM there. Ordered by the IQM at the grid's largest K
+(then at the larger K), PPO last, for reference."""
+
+import ast
+import os
+from functools import lru_cache
+
+import numpy as np
+
+from benchmark.common import ROOT
+from benchmark.study.estimates import aggregates, lag_won_back
+from benchmark.study.presets import ALGORITHMS, LAG_METHODS
+from benchmark.study.report import fmt_interval, incomplete_line, titled
+from benchmark.study.scores import completeness, finals, lag_hurt_tasks, pairs_won, score_matrix
+from benchmark.study.sections.trust_region import CLEARLY_BEHIND
+
+
+@lru_cache(maxsize=None)
+def script_defaults(script):
+    """{--flag: default} of a script's Args, read from its source (literal defaults only)."""
+    with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    args = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args")
+    defaults = {}
+    for node in args.body:
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            try:
+                defaults["--" + node.target.id.replace("_", "-")] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return defaults
+
+
+def command(algorithm, k):
+    """`python script.py --policy-buffer K` and the algorithm's flags that differ from the script's defaults."""
+    script, flags = ALGORITHMS[algorithm]
+    defaults, kept, i = script_defaults(script), [], 0
+    while i < len(flags):
+        flag = flags[i]
+        value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
+        i += 1 if value is None else 2
+        if value is None:  # a switch: --x is x = True, --no-x is x = False
+            name, on = (flag.replace("--no-", "--", 1), False) if flag.startswith("--no-") else (flag, True)
+            if defaults.get(name) is not on:
+                kept.append(flag)
+        elif str(defaults.get(flag)) != value and defaults.get(flag) != _number(value):
+            kept += [flag, value]
+    return " ".join(["python", script, "--policy-buffer", str(k), *kept])
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def section(study):
+    if not study.has_vaco:
+        return "no run of VACO"
+    raw, normalised, tasks, k, reps, seed = study.raw, study.normalised, study.compared, max(study.ks), study.reps, study.seed
+    if not all(finals(raw, ("ppo", kk), t) for kk in (1, k) for t in tasks):
+        return f"PPO did not run at K = 1 and {k} on every task"
+    methods, partial = completeness(raw, LAG_METHODS, k, tasks, study.planned)
+    larger = max((kk for _, kk in study.keys if kk > k and ("ppo", kk) in raw), default=None)
+    scan_tasks = sorted(raw.get(("ppo", larger), {})) if larger else []
+    scan_methods, scan_partial = completeness(raw, LAG_METHODS, larger, scan_tasks, study.planned) if larger else ([], {})
+    if len(methods) < 2:
+        return f"fewer than two methods under lag with all their runs in at K = {k}: nothing to choose between"
+    rows = [a for a in LAG_METHODS if a in methods or a in scan_methods]
+    iqm = lambda key, among: aggregates({"x": score_matrix(normalised, key, among, "final")}, reps, seed)  # noqa: E731
+    cells = {}
+    for a in ["ppo", *rows]:
+        here, there = (a in methods or a == "ppo"), (a in scan_methods or a == "ppo") and larger
+        cells[a] = {"iqm": iqm((a, k), tasks) if here else None,
+                    "scan": iqm((a, larger), scan_tasks) if there and all(finals(raw, (a, larger), t) for t in scan_tasks)
+                    else None}
+        if here and a != "ppo":
+            won = [(pairs_won(finals(raw, (a, k), t), finals(raw, ("ppo", k), t)),
+                    len(finals(raw, (a, k), t)) * len(finals(raw, ("ppo", k), t))) for t in tasks]
+            cells[a]["behind"] = sum(w <= CLEARLY_BEHIND * n for w, n in won)
+    hurt = lag_hurt_tasks(raw, study.randoms, tasks, k)
+    shares = lag_won_back(raw, hurt, k, methods, reps, seed) if hurt else {}
+
+    def point(entry):
+        return entry[0]["x"][1] if entry else -np.inf
+
+    order = sorted(rows, key=lambda a: (-point(cells[a]["iqm"]), -point(cells[a]["scan"]))) + ["ppo"]
+    scan_head = f" IQM at K = {larger}, {len(scan_tasks)} tasks |" if larger else ""
+    lines = [f"Methods under lag at K = {k}, {len(tasks)} tasks, ordered by their IQM there, PPO last for reference. "
+             f"*IQM*: of the normalised final score (1 = PPO at K = 1). *Lag won back*: the median, over the {len(hurt)} "
+             f"tasks where lag hurts PPO at K = {k}, of the share of PPO's loss that the method wins back. *Clearly "
+             f"behind PPO*: the tasks where PPO at K = {k} wins at least {9 - round(CLEARLY_BEHIND * 9)} of the 9 "
+             "pairings of seeds. 95% stratified-bootstrap intervals"
+             + (f"; K = {larger} ran on {', '.join(scan_tasks)}." if larger else "."), "",
+             f"| method | command | IQM at K = {k} | lag won back | clearly behind PPO |" + scan_head,
+             "|-|-|-|-|-|" + ("-|" if larger else "")]
+    for a in order:
+        c = cells[a]
+        name = "PPO" if a == "ppo" else LAG_METHODS[a]
+        row = [name, f"`{command(a, k)}`",
+               fmt_interval(c["iqm"][0]["x"][1], c["iqm"][1]["x"][:, 1]) if c["iqm"] else "",
+               fmt_interval(shares[a][0][-1], shares[a][1][:, -1]) if a in shares else ("0 (reference)" if a == "ppo" else ""),
+               f"{c['behind']} of {len(tasks)} tasks" if "behind" in c else ""]
+        if larger:
+            row.append(fmt_interval(c["scan"][0]["x"][1], c["scan"][1]["x"][:, 1]) if c["scan"] else "")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [""] + incomplete_line(partial, k) + (incomplete_line(scan_partial, larger) if larger else [])
+    return titled("Under lag, which script", "which_script", lines)
