@@ -31,7 +31,9 @@ ALGORITHMS = {
     "vaco-none": ("vaco_continuous.py", ["--no-advantage-alignment", "--no-tv-filter", "--no-clip-vloss"]),
     # V-trace's advantages under decoupled PPO's trust region (VACO's ablation with the clip centred on pi_T)
     "vtrace-decoupled": ("vaco_continuous.py", ["--no-tv-filter", "--clip-reference", "proximal"]),
-    # GePPO (Queeney et al. 2021) at the authors' settings: V-trace, the band around pi_T/beta, the learning-rate rule
+    # GePPO (Queeney et al. 2021) at the script's defaults: V-trace, the band around pi_T/beta, the learning-rate rule,
+    # with the pipeline settings every method shares (not its authors' gamma, lambda, batch and constant rate) and
+    # no sample reuse, so eps = 0.2, what the authors' eps = 0.2 x eps_mult gives without reuse (docs/geppo_continuous.md)
     "geppo": ("geppo_continuous.py", ["--clip-coef", "0.2", "--adapt-lr", "--adapt-factor", "0.03"]),
     "geppo-gae": ("geppo_continuous.py", ["--clip-coef", "0.2", "--adapt-lr", "--adapt-factor", "0.03",
                                           "--no-advantage-alignment"]),
