@@ -38,7 +38,7 @@ COLOURS = {"ppo": OKABE_ITO["blue"], "vaco": OKABE_ITO["vermillion"], "ppo-decou
 MARKERS = {"ppo": "o", "vaco": "s", "ppo-decoupled": "D", "vtrace-decoupled": "^", "vaco-proximal-0.1": "v",
            "geppo": "P", "geppo-gae": "X", "ppo-kl": "^", "spo": "P", "vaco-noalign": "v", "vaco-nofilter": "D",
            "vaco-none": "X"}
-SWEEP_COLOURS = [OKABE_ITO[c] for c in ("orange", "sky", "black", "purple", "green", "yellow")]
+SWEEP_COLOURS = [OKABE_ITO[c] for c in ("green", "sky", "black", "purple", "orange", "yellow")]
 # the algorithms' names on the pages
 NAMES = {"ppo": "PPO", "ppo-kl": "PPO-KL", "spo": "SPO", "vaco": "VACO", "vaco-noalign": "VACO, no alignment",
          "vaco-nofilter": "VACO, no filter", "vaco-none": "VACO, neither part", **LAG_METHODS}
@@ -175,5 +175,5 @@ def curves_figure(runs, keys, ks, sweep, path, shown=None):
         n = {a: (f"{min(seeds[a])}" if len(seeds[a]) == 1 else f"{min(seeds[a])}–{max(seeds[a])}") for a in legend}
         labels = [f"{name(a, sweep)} ({n[a]} seed{'' if n[a] == '1' else 's'})" for a in legend]
         fig.legend([handles[a] for a in legend], labels, loc="outside upper center",
-                   ncol=2, title="mean over seeds (line) ± one std (band)")
+                   ncol=2 if max(map(len, labels)) <= 24 else 1, title="mean over seeds (line) ± one std (band)")
     save(fig, path)
