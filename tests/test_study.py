@@ -315,18 +315,18 @@ def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
             if line.startswith("| ") and not line.startswith("| method")]
     assert [row[0] for row in rows][0] == "decoupled PPO" and rows[-1][0] == "PPO"
-    iqms = [float(row[2].split(" ")[0]) for row in rows]
+    iqms = [float(row[1].split(" ")[0]) for row in rows]
     assert iqms[:-1] == sorted(iqms[:-1], reverse=True)  # the recommendation first
     by_name = {row[0]: row for row in rows}
-    assert by_name["decoupled PPO"][1] == "`python ppo_continuous.py --policy-buffer 8 --clip-reference proximal`"
-    assert by_name["VACO against π_T"][1] == "`python vaco_continuous.py --policy-buffer 8 --tv-reference proximal`"
-    assert by_name["GePPO"][1] == "`python geppo_continuous.py --policy-buffer 8`"  # its flags are its defaults
-    assert by_name["V-trace + decoupled clip"][1] == \
+    assert by_name["decoupled PPO"][-1] == "`python ppo_continuous.py --policy-buffer 8 --clip-reference proximal`"
+    assert by_name["VACO against π_T"][-1] == "`python vaco_continuous.py --policy-buffer 8 --tv-reference proximal`"
+    assert by_name["GePPO"][-1] == "`python geppo_continuous.py --policy-buffer 8`"  # its flags are its defaults
+    assert by_name["V-trace + decoupled clip"][-1] == \
         "`python vaco_continuous.py --policy-buffer 8 --no-tv-filter --clip-reference proximal`"
-    assert by_name["decoupled PPO"][2].startswith("1.00 [") and by_name["PPO"][2].startswith("0.20 [")
-    assert by_name["V-trace + decoupled clip"][3].startswith("0.25 [")  # the median share, as trust_region's
-    assert by_name["GePPO"][4] == "1 of 3 tasks" and by_name["decoupled PPO"][4] == "0 of 3 tasks"
-    assert by_name["PPO"][3] == "0 (reference)" and by_name["PPO"][4] == ""
+    assert by_name["decoupled PPO"][1].startswith("1.00 [") and by_name["PPO"][1].startswith("0.20 [")
+    assert by_name["V-trace + decoupled clip"][2].startswith("0.25 [")  # the median share, as trust_region's
+    assert by_name["GePPO"][3] == "1 of 3 tasks" and by_name["decoupled PPO"][3] == "0 of 3 tasks"
+    assert by_name["PPO"][2] == "0 (reference)" and by_name["PPO"][3] == ""
     assert all(len(row) == 5 for row in rows)  # no larger K ran: no column for it
     assert "GePPO with GAE" not in by_name and "GePPO with GAE (1 of 9 runs)" in section
 
