@@ -154,11 +154,23 @@ def browser():
     return webdriver.Chrome(options=options, service=Service(executable_path=driver))
 
 
-def screenshot(driver, path, width, height):
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
-        "format": "png", "captureBeyondViewport": True,
-        "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}})
-    path.write_bytes(base64.b64decode(shot["data"]))
+def screenshot(driver, path, width, height, url, tries=3):
+    """The page's top `height` pixels into `path`. Chromium now and then drops a capture on a loaded machine
+    ("aborted by navigation"): the page is loaded again and the capture retried."""
+    from selenium.common.exceptions import WebDriverException
+
+    for attempt in range(tries):
+        try:
+            shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
+                "format": "png", "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}})
+            path.write_bytes(base64.b64decode(shot["data"]))
+            return True
+        except WebDriverException as error:
+            if attempt == tries - 1:
+                print(f"(no screenshot {path}: {str(error).splitlines()[0]})")
+                return False
+            driver.get(url)
 
 
 def check(site, pages=None, shots=None, widths=WIDTHS):
@@ -174,13 +186,14 @@ def check(site, pages=None, shots=None, widths=WIDTHS):
             driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
                 "width": width, "height": height, "deviceScaleFactor": 1, "mobile": label == "phone"})
             for page in pages:
-                driver.get((site / page).as_uri())
+                url = (site / page).as_uri()
+                driver.get(url)
                 if shots:
                     out = Path(shots) / label / page
                     out.parent.mkdir(parents=True, exist_ok=True)
-                    screenshot(driver, out.with_suffix(".png"), width, height)
+                    screenshot(driver, out.with_suffix(".png"), width, height, url)
                     full = driver.execute_script("return document.scrollingElement.scrollHeight")
-                    screenshot(driver, out.with_suffix(".full.png"), width, min(full, MAX_SHOT_HEIGHT))
+                    screenshot(driver, out.with_suffix(".full.png"), width, min(full, MAX_SHOT_HEIGHT), url)
                 found, images = driver.execute_script(CHECK_JS)
                 problems += [(label, page, *p) for p in found]
                 for src, url, shown_width, natural in images:
