@@ -21,7 +21,7 @@ ALGORITHMS = {
     # decoupled PPO (Hilton et al. 2021): PPO's defaults with the clip centred on pi_T, weighted by pi_T/beta
     "ppo-decoupled": ("ppo_continuous.py", ["--clip-reference", "proximal"]),
     "spo": ("spo_continuous.py", ["--epsilon", "0.2"]),
-    # vaco: the scripts' defaults, which the delta sweep chose (see PRESETS and docs/results.md)
+    # vaco: the scripts' defaults, which the delta sweep chose (see PRESETS and docs/results/choosing-delta.md)
     "vaco": ("vaco_continuous.py", ["--tv-threshold", "0.1", "--tv-reference", "behaviour"]),
     "vaco-noalign": ("vaco_continuous.py", ["--tv-threshold", "0.1", "--tv-reference", "behaviour",
                                             "--no-advantage-alignment"]),
