@@ -449,7 +449,7 @@ def toc_entries(path):
 def test_no_heading_appears_twice_in_a_pages_table_of_contents(site):
     """Headings repeat when a page includes two sections that carry the same heading (e.g. two
     reports' tables); the page gives each its own heading, the included sections carry none."""
-    assert len(toc_entries(site / "results.html")) > 5, "the table of contents was not found in the built page"
+    assert len(toc_entries(site / "results" / "speed.html")) > 5, "the table of contents was not found in the built page"
     for page in PAGES:
         titles = toc_entries(built_page(site, page))
         twice = sorted({t for t in titles if titles.count(t) > 1})
@@ -536,3 +536,115 @@ def test_search_leaves_out_the_whole_scripts(site):
         assert entries, f"{location} is not in the search index at all"
         assert not any(e["location"].endswith("#the-whole-script") for e in entries), location
         assert not any("__main__" in e["text"] for e in entries), f"{location}: {script} is indexed"
+
+
+# ---- the README and the results pages as a reader meets them -----------------------------------
+
+README = ROOT / "README.md"
+SUMMARY = DOCS / "results.md"
+RESULT_PAGES = sorted((DOCS / "results").glob("*.md"))
+REPORTS = sorted((ROOT / "benchmark" / "results").rglob("*.md"))
+# "0.93 [0.89, 0.97]", "+53.9 % [+43.7, +69.8]", "3142 [1559, 4726]": a number with its interval
+INTERVAL = re.compile(r"[+−-]?\d[\d.]*(?: %)? \[[+−-]?\d[\d.]*, [+−-]?\d[\d.]*\]")
+
+
+def plain(text):
+    """Text as the reports write it: ASCII minus signs, π_T for π<sub>T</sub>."""
+    return text.replace("−", "-").replace("π<sub>T</sub>", "π_T")
+
+
+def test_the_readme_starts_with_three_commands_and_two_answers():
+    """The quick start: the CPU wheel, the main job, the tests, adjacent and in the first 50 lines, the test
+    command where .ci/run finds it; then the answers to "actors lag?" and "does VACO work?" in the first 60."""
+    lines = read(README).splitlines()
+    assert len(lines) <= 120, f"README.md has {len(lines)} lines; the rest belongs on the site"
+    wheel = next(i for i, line in enumerate(lines) if line.startswith("python3 -m pip install torch --index-url"))
+    assert wheel < 50 and "download.pytorch.org/whl/cpu" in lines[wheel]
+    assert lines[wheel + 1].startswith("python3 -m pip install -r requirements/mujoco.txt && python3 vaco_continuous.py "
+                                       "--env-id Ant-v4 --policy-buffer 8"), lines[wheel + 1]
+    assert lines[wheel + 2].startswith("python3 -m pip install -r requirements.txt && python3 -m pytest tests"), \
+        lines[wheel + 2]
+    ci = next(line for line in read(ROOT / ".ci" / "run").splitlines() if line.startswith("cmd="))
+    extracted = subprocess.run(["bash", "-c", ci + '; echo "$cmd"'], cwd=ROOT, capture_output=True, text=True)
+    assert extracted.stdout.strip() == lines[wheel + 2].split("  #")[0].strip(), ".ci/run finds another test command"
+    for answer in ("**Actors lag?", "**Does VACO work?"):
+        at = next((i for i, line in enumerate(lines) if line.startswith(answer)), None)
+        assert at is not None and at < 60, f"README.md: {answer}** is not in the first 60 lines"
+
+
+def report_section(path, name):
+    return "\n".join(line for line, _ in file_lines(path, name))
+
+
+def table_rows(text):
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("|") and not re.fullmatch(r"\|[-|]+\|", line.strip())]
+
+
+def test_the_readmes_table_is_the_reports():
+    """"Under lag, which script" on the README is the ten-task report's table, cell for cell."""
+    report = table_rows(report_section(ROOT / "benchmark/results/ten-tasks/report.md", "which_script"))
+    text = read(README)
+    readme = table_rows(text[text.index("### Under lag, which script"):text.index("## The scripts")])
+    assert readme == [[plain(cell) for cell in row] for row in report], \
+        "README.md's table differs from benchmark/results/ten-tasks/report.md:which_script; copy it again"
+
+
+def test_every_interval_on_the_readme_and_the_summary_is_one_a_report_holds():
+    """A number with its interval on the README or the summary page is written as a report writes it: a second
+    reader finds each in a file a benchmark wrote."""
+    reports = "\n".join(plain(read(path)) for path in REPORTS)
+    reports = reports.replace("] %", "]")  # "+53.9 % [+43.7, +69.8]" in prose, "+53.9 % [+43.7, +69.8]" in a table
+    missing = []
+    for path in (README, SUMMARY):
+        text = "\n".join(line for line in read(path).splitlines() if not INCLUDE.match(line))
+        for quoted in INTERVAL.findall(text):
+            if plain(quoted) not in reports:
+                missing.append(f"{path.relative_to(ROOT)}: {quoted}")
+    assert not missing, "intervals no report holds (retyped, or from an old report):\n" + "\n".join(missing)
+
+
+def test_the_results_pages_stay_short():
+    assert len(read(SUMMARY).splitlines()) <= 150, "docs/results.md: the summary is over 150 lines"
+    assert len(RESULT_PAGES) >= 10
+    for page in RESULT_PAGES:
+        n = len(read(page).splitlines())
+        assert n <= 400, f"{page.relative_to(ROOT)}: {n} lines, over 400"
+
+
+def test_links_to_a_section_of_the_old_results_page_land_on_its_page(site):
+    """docs/javascripts/old_anchors.js sends results.html#anchor to the page the section moved to: every target
+    is a built page with that anchor, and every anchor the summary itself has stays on it."""
+    targets = dict(re.findall(r'"([\w-]+)": "([\w/.-]+#[\w-]+)"', read(DOCS / "javascripts" / "old_anchors.js")))
+    assert len(targets) >= 30
+    summary = read(site / "results.html")
+    assert "javascripts/old_anchors.js" in summary
+    for anchor, target in targets.items():
+        page, _, target_anchor = target.partition("#")
+        assert (site / page).is_file(), f"old_anchors.js: {anchor} -> {page}, which is not built"
+        assert f'id="{target_anchor}"' in read(site / page), f"old_anchors.js: {target} has no such anchor"
+        assert f'id="{anchor}"' not in summary, f"results.html has #{anchor} itself and would send it away"
+
+
+def test_links_from_the_repository_into_the_docs_resolve(site):
+    """README.md, CONTRIBUTING.md and benchmark/README.md link to pages (docs/x.md#anchor), which mkdocs does not
+    check: each linked page is built, with the anchor."""
+    for path in (README, ROOT / "CONTRIBUTING.md", ROOT / "benchmark" / "README.md"):
+        for target in re.findall(r"\]\(((?:\.\./)?docs/[\w/.-]+\.md(?:#[\w-]+)?)\)", read(path)):
+            page, _, anchor = target.partition("#")
+            built = site / Path(page.replace("../", "")).relative_to("docs").with_suffix(".html")
+            assert built.is_file(), f"{path.relative_to(ROOT)}: {target} is not a page"
+            assert not anchor or f'id="{anchor}"' in read(built), f"{path.relative_to(ROOT)}: {target}: no such anchor"
+
+
+def test_the_pages_in_a_browser(site):
+    """Every page in headless Chromium at 1366 and 390 px (.ci/check_pages.py): nothing wider than the page, every
+    image loaded, every figure's text legible, no inline code broken inside a word."""
+    pytest.importorskip("selenium", reason="the browser check needs the selenium package (requirements/dev.txt)")
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")) or not shutil.which("chromedriver"):
+        pytest.skip("the browser check needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver)")
+    sys.path.insert(0, str(ROOT / ".ci"))
+    import check_pages
+
+    problems, _ = check_pages.check(site)
+    assert not problems, "\n".join(" ".join(map(str, p)) for p in problems)
