@@ -1,6 +1,6 @@
 """What every folder of benchmark/ shares: where the repository and its results are, one reader of a run's
-TensorBoard log, one writer of a CSV of rows, a finished run set aside when its command changed, and a script loaded
-beside today's (as it is, or as of a commit).
+TensorBoard log, one writer of a CSV of rows, a finished run set aside when its command changed, a script loaded
+beside today's (as it is, or as of a commit), and how a figure looks and is saved.
 
 A script of a folder is run as a file (`python benchmark/study/run.py ...`) and imports this module, and its folder's
 modules, after one line that puts the repository root on the path:
@@ -83,3 +83,44 @@ def import_script(path, name):
     module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+# ---- figures: the size, fonts and colours of every benchmark's figures (study/plotting.py adds the study's own) ----
+# Drawn for a phone as much as for a laptop: 6.4 in wide (1280 px at FIGURE_DPI), with text of at least MIN_FONT_PT,
+# so that on a phone's 390 px screen, where the figure is 358 px wide, its smallest text is still 10 px high (the
+# site shows a figure at most 600 px wide on a laptop, where that text is 17 px).
+FIGURE_DPI = 200
+FIGURE_WIDTH = 6.4
+MIN_FONT_PT = 13.5
+FONT = {"font.size": 14, "axes.titlesize": 14, "axes.labelsize": 14, "xtick.labelsize": MIN_FONT_PT,
+        "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT, "legend.title_fontsize": MIN_FONT_PT,
+        "figure.titlesize": 14}
+# Okabe & Ito (2008), "Color Universal Design": eight colours that stay distinct under every common colour blindness
+OKABE_ITO = {"blue": "#0072B2", "vermillion": "#D55E00", "green": "#009E73", "sky": "#56B4E9", "orange": "#E69F00",
+             "purple": "#CC79A7", "yellow": "#F0E442", "black": "#000000"}
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def smallest_font(fig):
+    """The size in points of the smallest text the figure shows."""
+    import matplotlib.text
+
+    fig.canvas.draw()  # tick labels exist once drawn
+    return min(t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip())
+
+
+def save_figure(fig, path):
+    """Write the figure at FIGURE_DPI, with its smallest font and its resolution recorded in the PNG (`min-font-pt`,
+    `dpi`): .ci/check_pages.py reads them to check how large that text is on the pages."""
+    metadata = {"min-font-pt": f"{smallest_font(fig):g}", "dpi": f"{FIGURE_DPI}"} if path.endswith(".png") else None
+    fig.savefig(path, dpi=FIGURE_DPI, metadata=metadata)
+    pyplot().close(fig)

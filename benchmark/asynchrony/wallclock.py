@@ -28,7 +28,7 @@ import numpy as np
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import ROOT, read_scalars  # noqa: E402
+from benchmark.common import FIGURE_WIDTH, FONT, OKABE_ITO, ROOT, pyplot, read_scalars, save_figure  # noqa: E402
 DIAGNOSTICS = {"charts/backward_tv": "backward TV", "losses/filter_on_fraction": "filter on",
                "losses/filtered_fraction": "detached", "losses/approx_kl": "approx KL"}
 
@@ -141,15 +141,13 @@ def report(runs, args):
 
 
 def plot(runs, args, path):
-    """Return against wall-clock minutes, one line per seed, in the study's figure look (benchmark/study/plotting.py:
+    """Return against wall-clock minutes, one line per seed, in every benchmark's figure look (benchmark/common.py:
     fonts a phone can read, Okabe and Ito's colours)."""
-    from benchmark.study import plotting
-
-    plt = plotting.pyplot()
-    colours = {"sync": plotting.OKABE_ITO["blue"], "async": plotting.OKABE_ITO["vermillion"]}
+    plt = pyplot()
+    colours = {"sync": OKABE_ITO["blue"], "async": OKABE_ITO["vermillion"]}
     labels = {"sync": "vaco_continuous.py --policy-buffer 1", "async": f"vaco_async.py --num-actors {args.num_actors}"}
-    with plt.rc_context(plotting.FONT):
-        fig, ax = plt.subplots(figsize=(plotting.FIGURE_WIDTH, 5.2), layout="constrained")
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 5.2), layout="constrained")
         for name in colours:
             mine = [r for r in runs if r["name"] == name]
             for i, r in enumerate(mine):  # one line per seed, one legend entry per script
@@ -160,7 +158,7 @@ def plot(runs, args, path):
         ax.set_title(f"{args.env_id}, {args.total_timesteps:,} env steps per run")
         ax.grid(True, alpha=0.25)
         fig.legend(loc="outside upper center", ncol=1)
-        plotting.save(fig, path)
+        save_figure(fig, path)
 
 
 def main(args: Args):

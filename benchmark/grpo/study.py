@@ -47,7 +47,8 @@ from typing import Optional
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS, ROOT, move_stale, tensorboard_log, write_csv  # noqa: E402
+from benchmark.common import (FIGURE_WIDTH, FONT, OKABE_ITO, RESULTS, ROOT, move_stale, pyplot, save_figure,  # noqa: E402
+                              tensorboard_log, write_csv)
 from benchmark.grpo.cpu_task import (CACHE, DATA, ONE_THREAD, delta_by_rule, smollm2_dir, task_flags,  # noqa: E402
                                      write_problems)
 
@@ -324,15 +325,13 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
 
 def figures(runs: dict, figures_dir: str) -> list:
     """Reward curves (mean over seeds, the seeds' range shaded) and TV per minibatch index k, one panel above the
-    other, in the study's figure look (benchmark/study/plotting.py: fonts a phone can read, Okabe and Ito's colours)."""
-    from benchmark.study import plotting
-
-    plt = plotting.pyplot()
+    other, in every benchmark's figure look (benchmark/common.py: fonts a phone can read, Okabe and Ito's colours)."""
+    plt = pyplot()
     os.makedirs(figures_dir, exist_ok=True)
-    colours = dict(zip(LABELS, [plotting.OKABE_ITO[c] for c in ("black", "blue", "sky", "orange", "vermillion",
+    colours = dict(zip(LABELS, [OKABE_ITO[c] for c in ("black", "blue", "sky", "orange", "vermillion",
                                                                 "purple", "green")]))
-    with plt.rc_context(plotting.FONT):
-        fig, axes = plt.subplots(2, 1, figsize=(plotting.FIGURE_WIDTH, 8.6), layout="constrained")
+    with plt.rc_context(FONT):
+        fig, axes = plt.subplots(2, 1, figsize=(FIGURE_WIDTH, 8.6), layout="constrained")
         for c in [c for c in LABELS if c in runs]:
             curves = [[r["reward"] for r in rows] for _, rows in runs[c]]
             steps = range(1, min(map(len, curves)) + 1)
@@ -351,7 +350,7 @@ def figures(runs: dict, figures_dir: str) -> list:
             ax.grid(True, alpha=0.25)
         fig.legend(loc="outside upper center", ncol=2)
         path = os.path.join(figures_dir, "grpo_study.png")
-        plotting.save(fig, path)
+        save_figure(fig, path)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,12 +1,11 @@
-"""How the study's figures look: their size, fonts, colours and names, where they are saved and how the report links
-them; and the learning curves, which the report and benchmark/study/script_curves.py both draw.
+"""How the study's figures look: their colours, markers and names, how the report links them, and the learning
+curves, which the report and benchmark/study/script_curves.py both draw; their size, fonts and palette are every
+benchmark's (benchmark/common.py: 6.4 in wide, text of at least MIN_FONT_PT, 10 px high on a phone).
 
-Drawn for a phone as much as for a laptop: 6.4 in wide (1280 px at FIGURE_DPI), with text of at least MIN_FONT_PT,
-so that on a phone's 390 px screen, where the figure is 358 px wide, its smallest text is still 10 px high (and the
-site shows it at most 600 px wide on a laptop, where the same text is 17 px); at most two panels a row; every axis
-labelled, legends outside the data, algorithms under their names on the pages (`name`), not their ids in the study;
-colours from Okabe and Ito's palette, which colour-blind readers tell apart. `save` records the smallest font and the
-resolution in the PNG (`min-font-pt`, `dpi`), and .ci/check_pages.py checks how large that text is on the pages.
+At most two panels a row; every axis labelled, legends outside the data, algorithms under their names on the pages
+(`name`), not their ids in the study; colours from Okabe and Ito's palette, which colour-blind readers tell apart, and a
+marker each. `save` records the smallest font and the resolution in the PNG (`min-font-pt`, `dpi`), and
+.ci/check_pages.py checks how large that text is on the pages.
 """
 
 import os
@@ -16,18 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchmark.common import FIGURE_DPI, FIGURE_WIDTH, FONT, MIN_FONT_PT, OKABE_ITO, pyplot, save_figure  # noqa: F401
 from benchmark.study.presets import LAG_METHODS, MAIN_ALGORITHMS
 from benchmark.study.scores import slice_scores
 
-FIGURE_DPI = 200
-FIGURE_WIDTH = 6.4
-MIN_FONT_PT = 13.5
-FONT = {"font.size": 14, "axes.titlesize": 14, "axes.labelsize": 14, "xtick.labelsize": MIN_FONT_PT,
-        "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT, "legend.title_fontsize": MIN_FONT_PT,
-        "figure.titlesize": 14}
-# Okabe & Ito (2008), "Color Universal Design": eight colours that stay distinct under every common colour blindness
-OKABE_ITO = {"blue": "#0072B2", "vermillion": "#D55E00", "green": "#009E73", "sky": "#56B4E9", "orange": "#E69F00",
-             "purple": "#CC79A7", "yellow": "#F0E442", "black": "#000000"}
 # one colour per algorithm in every figure; two algorithms share one only when no figure shows both (the 300k study's
 # baselines and ablations, the ten tasks' methods under lag)
 COLOURS = {"ppo": OKABE_ITO["blue"], "vaco": OKABE_ITO["vermillion"], "ppo-decoupled": OKABE_ITO["green"],
@@ -66,28 +57,9 @@ def name(algorithm, sweep=()):
     return text.replace("π_T", r"$\pi_T$").replace("π_θ", r"$\pi_\theta$")
 
 
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def smallest_font(fig):
-    """The size in points of the smallest text the figure shows."""
-    import matplotlib.text
-
-    fig.canvas.draw()  # tick labels exist once drawn
-    return min(t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip())
-
-
 def save(fig, path):
-    """Write the figure, with its smallest font and its resolution recorded in the PNG for the pages' checks."""
-    metadata = {"min-font-pt": f"{smallest_font(fig):g}", "dpi": f"{FIGURE_DPI}"} if path.endswith(".png") else None
-    fig.savefig(path, dpi=FIGURE_DPI, metadata=metadata)
-    pyplot().close(fig)
+    """Write a figure of the study (benchmark/common.py's save_figure; the tests watch this name)."""
+    save_figure(fig, path)
 
 
 def k_axis(ax, ks, label="policy lag K"):
