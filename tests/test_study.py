@@ -377,6 +377,39 @@ def test_a_larger_lag_on_fewer_tasks_has_its_own_section(tmp_path, saved):
     assert [ax.get_title() for ax in figure.axes if ax.get_visible()] == ["IQM over 2 tasks", "TaskA-v4", "TaskB-v4"]
 
 
+def test_remedies_at_a_larger_lag_beside_decoupled_ppo(tmp_path, saved):
+    # PPO at K 1 and 8 on two tasks; at K = 32 PPO loses 80 of 100 above random, decoupled PPO wins back a quarter of
+    # that, the KL stop 3/4 on TaskA and all on TaskB; the stale-sample remedy has one seed of three: left out, named
+    folder, _ = study_folder(tmp_path, {"TaskA-v4": 0.0, "TaskB-v4": 0.0})
+    finals = {("ppo", 1): [100, 100], ("vaco", 1): [100, 100], ("ppo", 8): [60, 60], ("vaco", 8): [70, 70],
+              ("ppo", 32): [20, 20], ("ppo-decoupled", 32): [40, 40], ("ppo-decoupled-kl-0.015", 32): [80, 100]}
+    entropy = {("ppo", 1): 1.0, ("ppo", 32): 5.0, ("ppo-decoupled", 32): -2.0, ("ppo-decoupled-kl-0.015", 32): 0.5}
+    for (algorithm, k), returns in finals.items():
+        for task, final in zip(("TaskA-v4", "TaskB-v4"), returns):
+            for seed in (1, 2, 3):
+                write_run(folder, task, algorithm, k, seed, [final - 2 + seed] * 10)
+                if (algorithm, k) in entropy:  # the last update's entropy is each seed's: 1 apart
+                    write_csv_columns(folder, task, algorithm, seed, k=k,
+                                      entropy=[9.0] * 9 + [entropy[(algorithm, k)] + seed - 2])
+    write_run(folder, "TaskA-v4", "ppo-decoupled-lag-8", 32, 1, [90] * 10)
+    analyze.main(analyze.Args(results_dir=folder, reps=200))
+    report = open(os.path.join(folder, "report.md")).read()
+    found = report[report.index("[start:remedies_k32]"):report.index("[end:remedies_k32]")]
+    rows = {line.split("|")[1].strip(" *"): [c.strip(" *") for c in line.split("|")[2:-1]]
+            for line in found[:found.index("How wide")].splitlines() if line.startswith("| ")}
+    assert "| task | decoupled PPO (3 seeds) | decoupled PPO + KL stop (3 seeds) |" in found
+    assert rows["TaskA-v4"][0].startswith("0.25 [") and rows["TaskA-v4"][1].startswith("0.75 [")
+    assert rows["median"][1].startswith("0.88 [")  # (0.75 + 1) / 2
+    assert rows["tasks at 0.75 or more"] == ["0 of 2", "2 of 2"]
+    assert "| TaskB-v4 | 1.00 [0.00, 2.00] | 5.00 | -2.00 | 0.50 |" in found  # synchronous PPO's seeds range 0 to 2
+    assert "decoupled PPO, lag under 8 (1 of 6 runs)" in found  # 3 seeds, as synchronous PPO
+    figure = saved[os.path.join(folder, "remedies_K32.png")]
+    readable(figure)
+    assert [ax.get_title() for ax in figure.axes] == ["TaskA-v4: return", "TaskA-v4: entropy", "TaskB-v4: return",
+                                                      "TaskB-v4: entropy"]
+    assert len(figure.axes[1].get_lines()) == 4  # PPO at K = 1 and 32, decoupled PPO, the KL stop
+
+
 def test_without_lag_loss_there_is_no_lag_recovered_section(tmp_path):
     folder, randoms = study_folder(tmp_path)
     for seed in (1, 2):

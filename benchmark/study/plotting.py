@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmark.common import FIGURE_DPI, FIGURE_WIDTH, FONT, MIN_FONT_PT, OKABE_ITO, pyplot, save_figure  # noqa: F401
-from benchmark.study.presets import LAG_METHODS, MAIN_ALGORITHMS
+from benchmark.study.presets import LAG_METHODS, MAIN_ALGORITHMS, REMEDIES
 from benchmark.study.scores import slice_scores
 
 # one colour per algorithm in every figure; two algorithms share one only when no figure shows both (the 300k study's
@@ -24,15 +24,17 @@ from benchmark.study.scores import slice_scores
 COLOURS = {"ppo": OKABE_ITO["blue"], "vaco": OKABE_ITO["vermillion"], "ppo-decoupled": OKABE_ITO["green"],
            "vtrace-decoupled": OKABE_ITO["sky"], "vaco-proximal-0.1": OKABE_ITO["orange"], "geppo": OKABE_ITO["purple"],
            "geppo-gae": OKABE_ITO["black"], "ppo-kl": OKABE_ITO["sky"], "spo": OKABE_ITO["purple"],
-           "vaco-noalign": OKABE_ITO["orange"], "vaco-nofilter": OKABE_ITO["green"], "vaco-none": OKABE_ITO["black"]}
+           "vaco-noalign": OKABE_ITO["orange"], "vaco-nofilter": OKABE_ITO["green"], "vaco-none": OKABE_ITO["black"],
+           "ppo-decoupled-kl-0.015": OKABE_ITO["orange"], "ppo-decoupled-lag-8": OKABE_ITO["yellow"],
+           "vtrace-decoupled-kl-0.015": OKABE_ITO["purple"]}
 # and a marker each, so that a line or a point is told by its shape too
 MARKERS = {"ppo": "o", "vaco": "s", "ppo-decoupled": "D", "vtrace-decoupled": "^", "vaco-proximal-0.1": "v",
            "geppo": "P", "geppo-gae": "X", "ppo-kl": "^", "spo": "P", "vaco-noalign": "v", "vaco-nofilter": "D",
-           "vaco-none": "X"}
+           "vaco-none": "X", "ppo-decoupled-kl-0.015": "v", "ppo-decoupled-lag-8": "P", "vtrace-decoupled-kl-0.015": "^"}
 SWEEP_COLOURS = [OKABE_ITO[c] for c in ("green", "sky", "black", "purple", "orange", "yellow")]
 # the algorithms' names on the pages
 NAMES = {"ppo": "PPO", "ppo-kl": "PPO-KL", "spo": "SPO", "vaco": "VACO", "vaco-noalign": "VACO, no alignment",
-         "vaco-nofilter": "VACO, no filter", "vaco-none": "VACO, neither part", **LAG_METHODS}
+         "vaco-nofilter": "VACO, no filter", "vaco-none": "VACO, neither part", **LAG_METHODS, **REMEDIES}
 
 
 def colour(algorithm, sweep=()):

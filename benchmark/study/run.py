@@ -225,9 +225,9 @@ class Args:
     ten-tasks-trust-region (V-trace with the decoupled clip and GePPO at K 8, same grid; then GePPO with GAE),
     ten-tasks-k32 (PPO, VACO, decoupled PPO and V-trace with the decoupled clip at K 32 on Ant, HalfCheetah,
     Hopper and Walker2d), ten-tasks-geppo-eps (GePPO with eps 0.1 at K 8, seed 1 of the ten tasks),
-    ten-tasks-k32-remedies (decoupled PPO with an exact-KL stop or without its stale samples, and GePPO with GAE,
-    at K 32 on the same four tasks), ten-tasks-k32-screen (V-trace + decoupled clip with the KL stop, seed 1 of
-    the same), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
+    ten-tasks-k32-remedies (decoupled PPO with an exact-KL stop, and GePPO with GAE, at K 32 on the same four
+    tasks), ten-tasks-k32-screen (decoupled PPO without its stale samples, and V-trace + decoupled clip with the KL
+    stop, seed 1 of the same), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
     K in 1,2,4,8 x 10 seeds at 1M steps)"""
     jobs: int = os.cpu_count() or 1
     """runs at a time (each run uses one core)"""

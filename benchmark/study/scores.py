@@ -53,6 +53,19 @@ def slice_scores(rows, total_steps, slices=SLICES):
         return sums / counts
 
 
+def slice_means(rows, column, total_steps, slices=SLICES):
+    """Mean of a logged column (one value per update, e.g. the entropy) in each of `slices` equal slices of env
+    steps (NaN where no update logged it)."""
+    sums, counts = np.zeros(slices), np.zeros(slices)
+    for row in rows:
+        if row.get(column, "") != "":
+            i = min(int((int(row["step"]) - 1) * slices // total_steps), slices - 1)
+            sums[i] += float(row[column])
+            counts[i] += 1
+    with np.errstate(invalid="ignore"):
+        return sums / counts
+
+
 def run_scores(meta, rows):
     """{"final": return in the last 10% of steps, "auc": mean over the 10 slices}."""
     scores = slice_scores(rows, meta["total_timesteps"])

@@ -1,0 +1,116 @@
+"""Remedies for lag: decoupled PPO beside what was tried to win more of PPO's lag loss back at a K where every method
+kept under half (presets.REMEDIES: an exact-KL stop on the update, the stale samples left out, GePPO's band and rate on GAE's
+advantages, V-trace's advantages with the KL stop), on the tasks PPO ran at that K. Per task the share of PPO's lag
+loss each wins back, with its interval, and how wide each policy ends beside synchronous PPO's; then the return and
+the entropy against env steps. One section for each K a remedy ran at."""
+
+import warnings
+
+import numpy as np
+
+from benchmark.study import plotting
+from benchmark.study.estimates import lag_won_back
+from benchmark.study.presets import REMEDIES
+from benchmark.study.report import fmt_interval, incomplete_line, titled
+from benchmark.study.scores import completeness, lag_hurt_tasks, slice_means, slice_scores
+
+BASE = "ppo-decoupled"  # the method the remedies change
+GOAL = 0.75  # the share of the lag loss a remedy is to win back on every task
+
+
+def section(study):
+    lags = sorted({k for a, k in study.keys if a in REMEDIES and k > 1 and ("ppo", k) in study.raw})
+    if not lags:
+        return "no run of a remedy under lag, beside PPO"
+    lines = []
+    for k in lags:
+        found, drawn = remedies(study, k)
+        lines += titled(f"Remedies at K = {k}", f"remedies_k{k}", found)
+        lines += [f"![remedies]({study.figures.link(f'remedies_K{k}.png')})", ""] if drawn else []
+    return lines
+
+
+def remedies(study, k):
+    """The section's lines at K = k, and whether it drew its figure."""
+    raw, reps, seed = study.raw, study.reps, study.seed
+    tasks = sorted(raw.get(("ppo", k), {}))
+    methods, partial = completeness(raw, [BASE, *REMEDIES], k, tasks, study.planned)
+    hurt = [t for t in lag_hurt_tasks(raw, study.randoms, tasks, k) if t in raw.get(("ppo", 1), {})]
+    if not hurt or not any(a in REMEDIES for a in methods):
+        return [f"No remedy has all its runs at K = {k} on tasks where lag hurts PPO.", ""] + incomplete_line(partial, k), False
+    seeds = {a: min(len(raw[(a, k)][t]) for t in hurt) for a in methods}
+    heads = [f"{plotting.NAMES[a]} ({seeds[a]} seed{'s' if seeds[a] > 1 else ''})" for a in methods]
+    shares = lag_won_back(raw, hurt, k, methods, reps, seed)
+    lines = [f"What was tried to win back more of PPO's loss from K = 1 to K = {k}, beside {plotting.NAMES[BASE]}, the "
+             "method the remedies change: the share of that loss each wins back, (X − PPO) / (PPO at K = 1 − PPO) at "
+             f"K = {k} of the mean final returns, with 95% stratified-bootstrap intervals (with 1 seed, only PPO's "
+             f"seeds are resampled). The goal: {GOAL} or more on every task.", "",
+             "| task | " + " | ".join(heads) + " |", "|-|" + "-|" * len(methods)]
+    for i, task in enumerate(hurt):
+        lines.append(f"| {task} | " + " | ".join(fmt_interval(shares[a][0][i], shares[a][1][:, i]) for a in methods) + " |")
+    for j, name in ((-2, "mean"), (-1, "median")):
+        lines.append(f"| **{name}** | " + " | ".join(f"**{fmt_interval(shares[a][0][j], shares[a][1][:, j])}**"
+                                                      for a in methods) + " |")
+    lines.append(f"| tasks at {GOAL} or more | " + " | ".join(
+        f"{sum(shares[a][0][i] >= GOAL for i in range(len(hurt)))} of {len(hurt)}" for a in methods) + " |")
+    ends = {key: final_entropies(study.runs, key, hurt) for key in [("ppo", 1), ("ppo", k), *((a, k) for a in methods)]}
+    if all(ends.values()):
+        lines += ["", "How wide each policy ends: the entropy of its Gaussian, mean over the updates in the last 10% of "
+                  "steps, mean over seeds; synchronous PPO's with the range of its seeds. Below that range, the "
+                  "policy ends narrower than synchronous PPO's on the task.", "",
+                  f"| task | PPO at K = 1 | PPO | " + " | ".join(plotting.NAMES[a] for a in methods) + " |",
+                  "|-|-|-|" + "-|" * len(methods)]
+        for task in hurt:
+            sync = ends[("ppo", 1)][task]
+            cells = [f"{np.mean(ends[key][task]):.2f}" for key in [("ppo", k), *((a, k) for a in methods)]]
+            lines.append(f"| {task} | {np.mean(sync):.2f} [{min(sync):.2f}, {max(sync):.2f}] | " + " | ".join(cells) + " |")
+    figure(study.runs, ["ppo", *methods], k, hurt, study.figures.path(f"remedies_K{k}.png"))
+    return lines + [""] + incomplete_line(partial, k), True
+
+
+def final_entropies(runs, key, tasks):
+    """{task: [each seed's mean entropy over the updates in its last 10% of steps]} of one algorithm and K, or {} when a
+    task's runs did not log the entropy."""
+    ends = {t: [slice_means(rows, "entropy", meta["total_timesteps"])[-1] for meta, rows in runs
+                if (meta["algorithm"], meta["k"], meta["task"]) == (*key, t)] for t in tasks}
+    return ends if all(v and not np.isnan(v).any() for v in ends.values()) else {}
+
+
+def figure(runs, methods, k, tasks, path):
+    """A row per task: the return and the entropy against env steps, mean over seeds, of each method at K = k and of
+    PPO at K = 1 (dashed)."""
+    plt = plotting.pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    curves = {}
+    for meta, rows in runs:
+        key = (meta["algorithm"], meta["k"], meta["task"])
+        if meta["task"] in tasks and (key[:2] == ("ppo", 1) or key[0] in methods and key[1] == k):
+            pair = [slice_scores(rows, meta["total_timesteps"], 50), slice_means(rows, "entropy", meta["total_timesteps"], 50)]
+            curves.setdefault(key, []).append((meta["total_timesteps"], pair))
+    with plt.rc_context(plotting.FONT):
+        fig, axes = plt.subplots(len(tasks), 2, figsize=(plotting.FIGURE_WIDTH, 1.6 + 2.4 * len(tasks)),
+                                 layout="constrained", squeeze=False)
+        for task, row in zip(tasks, axes):
+            for a, kk in [("ppo", 1)] + [(a, k) for a in methods]:
+                found = curves.get((a, kk, task))
+                if not found:
+                    continue
+                steps = max(n for n, _ in found)
+                for panel, ax in enumerate(row):
+                    with warnings.catch_warnings():  # a slice where no seed's episode ended
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        y = np.nanmean([pair[panel] for _, pair in found], axis=0)
+                    x = np.linspace(0, steps, len(y) + 1)[1:] / 1e6
+                    label = "PPO at K = 1" if kk == 1 else plotting.name(a)
+                    ax.plot(x[~np.isnan(y)], y[~np.isnan(y)], color="grey" if kk == 1 else plotting.colour(a),
+                            ls="--" if kk == 1 else "-", lw=1.6, label=label if (task, panel) == (tasks[0], 0) else None)
+            for panel, ax in enumerate(row):
+                ax.set_title(f"{task}: {'return' if panel == 0 else 'entropy'}")
+                ax.set_xlabel("env steps (millions)")
+                ax.set_ylabel("episode return" if panel == 0 else "policy entropy")
+                if panel == 0:
+                    ax.yaxis.set_major_formatter(FuncFormatter(plotting.compact_thousands))
+                ax.grid(True, alpha=0.25)
+        fig.legend(loc="outside upper center", ncol=2, title=f"K = {k}, mean over seeds; PPO at K = 1 dashed")
+    plotting.save(fig, path)
