@@ -2,7 +2,7 @@
 for reference, synchronous PPO, and what they show, as report.md and a figure.
 
     python benchmark/study/narrowing.py --run     # the runs of RUNS, 2 at a time, resumable (about 2 h on 2 cores)
-    python benchmark/study/narrowing.py           # report.md and narrowing.png from their CSVs
+    python benchmark/study/narrowing.py --figures-dir docs/img/lag_by_age   # report.md and narrowing.png from their CSVs
 
 Each run writes <task>__<algorithm>__K<k>.csv into benchmark/results/lag-by-age/ (lag_by_age.py's columns: one row
 per update and snapshot age, and one per update for the whole batch); the algorithms are the study's
@@ -17,6 +17,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import tyro
@@ -104,7 +105,9 @@ def per_update(runs_rows):
                 kl_mean=float(np.median(get("move_kl_mean"))), kl_std=float(np.median(get("move_kl_std"))))
 
 
-def report():
+def report(figures_dir=None):
+    """The report's lines; its figure goes to `figures_dir` (default: beside the report), which the report links."""
+    figures_dir = figures_dir or FOLDER
     found = {(t, a, k): load(t, a, k) for t, a, k in RUNS}
     missing = [os.path.basename(csv_path(*key)) for key, rows in found.items() if rows is None]
     found = {key: rows for key, rows in found.items() if rows is not None}
@@ -136,8 +139,10 @@ def report():
                      f"{u['kl_std']:.5f} |")
     lines += marked("narrowing_update", table)
     if found:
-        figure(found, os.path.join(FOLDER, "narrowing.png"))
-        lines += ["![why the policy narrows](narrowing.png)", ""]
+        os.makedirs(figures_dir, exist_ok=True)
+        figure(found, os.path.join(figures_dir, "narrowing.png"))
+        link = os.path.relpath(os.path.join(figures_dir, "narrowing.png"), FOLDER)
+        lines += [f"![why the policy narrows]({link})", ""]
     return lines
 
 
@@ -145,7 +150,8 @@ def figure(found, path):
     """Four panels: the mean advantage and |z| by snapshot age (runs at K = 32); the entropy against updates; its
     change per update, in the first epoch and in all of them (every run)."""
     plt = plotting.pyplot()
-    colours = {key: f"C{i}" for i, key in enumerate(found)}
+    palette = [plotting.OKABE_ITO[c] for c in ("blue", "vermillion", "green", "orange", "sky", "purple", "black")]
+    colours = {key: palette[i % len(palette)] for i, key in enumerate(found)}
     label = lambda t, a, k: f"{t.split('-')[0]}, {NAMES[a]}, K = {k}"  # noqa: E731
     with plt.rc_context(plotting.FONT):
         fig, axes = plt.subplots(2, 2, figsize=(plotting.FIGURE_WIDTH, 7.4), layout="constrained")
@@ -166,19 +172,21 @@ def figure(found, path):
         axes[1, 1].bar(x + 0.2, [c["update"] for c in changes], 0.4, color=[colours[k] for k in found],
                        label="all epochs")
         axes[1, 1].axhline(0, color="black", lw=0.8)
-        axes[1, 1].set_xticks(x, [f"{t.split('-')[0][:6]}\nK={k}" for t, _, k in found], fontsize=8)
+        axes[1, 1].set_xticks(x, [f"{t.split('-')[0][:6]}\nK = {k}" for t, _, k in found])
         for ax, title, ylabel in ((axes[0, 0], "advantage by age", "mean advantage (batch std)"),
-                                  (axes[0, 1], "where π_T finds the actions", "mean |a − μ_T| / σ_T"),
+                                  (axes[0, 1], r"$|a - \mu_T| / \sigma_T$ by age", r"mean $|a - \mu_T| / \sigma_T$"),
                                   (axes[1, 0], "entropy", "policy entropy"),
-                                  (axes[1, 1], "entropy change per update", "mean change")):
+                                  (axes[1, 1], "change per update", "entropy change")):
             ax.set_title(title)
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.25)
         for ax in axes[0]:
             ax.set_xlabel("snapshot age (updates)")
         axes[1, 0].set_xlabel("update")
-        axes[1, 1].legend(fontsize=9)
-        fig.legend(*axes[1, 0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=9)
+        low = min(min(c["first_epoch"], c["update"]) for c in changes)
+        axes[1, 1].set_ylim(1.7 * low, 0)  # room below the bars for the legend
+        axes[1, 1].legend(loc="lower right")
+        fig.legend(*axes[1, 0].get_legend_handles_labels(), loc="outside lower center", ncol=1)
     plotting.save(fig, path)
 
 
@@ -188,6 +196,8 @@ class Args:
     """train the runs of RUNS that have no CSV yet (2 at a time), then write the report"""
     jobs: int = 2
     """runs at a time with --run"""
+    figures_dir: Optional[str] = None
+    """where the figure goes (default: beside the report; the docs take it from docs/img/lag_by_age)"""
 
 
 def main(args: Args):
@@ -199,7 +209,7 @@ def main(args: Args):
                 print(f"wrote {path}", flush=True)
     path = os.path.join(FOLDER, "report.md")
     with open(path, "w") as f:
-        f.write("\n".join(report()) + "\n")
+        f.write("\n".join(report(args.figures_dir)) + "\n")
     print(f"report: {path}")
 
 
