@@ -183,20 +183,24 @@ def main(args: Args):
               f"{capacity[-1]:.2f}), "
               + ", ".join(f"{labels[s]} {v[-1]} SPS" for s, v in sps.items()), flush=True)
     raw_median = statistics.median(raw)
-    first = statistics.median(sps[args.scripts[0]])
     width = max(24, *(len(label) for label in labels.values()))
     print(f"\n{args.env_id}, {args.num_envs} env(s) x {args.num_steps} steps, 32 minibatches x 10 epochs, "
           f"{args.iterations} updates, medians of {args.repeats} {args.extra}")
     print(f"{'':{width}s} {'SPS':>7s} {'/ raw env':>10s} {'/ ' + labels[args.scripts[0]]:>{width}s}  waiting: learner, actors")
+    print("(the ratios: medians over repeats of each repeat's ratio, the rates of one repeat measured together)")
     print(f"{'raw env (random actions)':{width}s} {raw_median:7.0f} {1.0:10.2f}")
     print(f"parallel capacity (2 envs at once / 1): median {statistics.median(capacity):.2f}, "
           f"range {min(capacity):.2f}-{max(capacity):.2f}")
     for entry, values in sps.items():
         median = statistics.median(values)
+        # against the raw env timed in the same repeat: the machine's speed drifts between repeats by more than
+        # the gap measured, so the median of the repeats' ratios, not the ratio of the medians
+        of_raw = statistics.median(v / r for v, r in zip(values, raw))
+        of_first = statistics.median(v / f for v, f in zip(values, sps[args.scripts[0]]))
         waited = ""
         if waits[entry]:
             waited = "  " + ", ".join(f"{statistics.median(column):.0f}%" for column in zip(*waits[entry]))
-        print(f"{labels[entry]:{width}s} {median:7.0f} {median / raw_median:10.2f} {median / first:{width}.2f}{waited}")
+        print(f"{labels[entry]:{width}s} {median:7.0f} {of_raw:10.2f} {of_first:{width}.2f}{waited}")
 
 
 if __name__ == "__main__":
