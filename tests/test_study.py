@@ -378,9 +378,12 @@ def test_a_larger_lag_on_fewer_tasks_has_its_own_section(tmp_path, saved):
 
 
 def test_remedies_at_a_larger_lag_beside_decoupled_ppo(tmp_path, saved):
-    # PPO at K 1 and 8 on two tasks; at K = 32 PPO loses 80 of 100 above random, decoupled PPO wins back a quarter of
+    # PPO at K 1 and 8 on three tasks, at K = 32 on two of them, where PPO loses 80 of 100 above random, decoupled PPO wins back a quarter of
     # that, the KL stop 3/4 on TaskA and all on TaskB; the stale-sample remedy has one seed of three: left out, named
-    folder, _ = study_folder(tmp_path, {"TaskA-v4": 0.0, "TaskB-v4": 0.0})
+    folder, _ = study_folder(tmp_path, {"TaskA-v4": 0.0, "TaskB-v4": 0.0, "TaskC-v4": 0.0})
+    for algorithm, k, final in (("ppo", 1, 100), ("vaco", 1, 100), ("ppo", 8, 60), ("vaco", 8, 70)):  # the grid's third
+        for seed in (1, 2, 3):
+            write_run(folder, "TaskC-v4", algorithm, k, seed, [final] * 10)
     finals = {("ppo", 1): [100, 100], ("vaco", 1): [100, 100], ("ppo", 8): [60, 60], ("vaco", 8): [70, 70],
               ("ppo", 32): [20, 20], ("ppo-decoupled", 32): [40, 40], ("ppo-decoupled-kl-0.015", 32): [80, 100]}
     entropy = {("ppo", 1): 1.0, ("ppo", 32): 5.0, ("ppo-decoupled", 32): -2.0, ("ppo-decoupled-kl-0.015", 32): 0.5}
@@ -403,6 +406,7 @@ def test_remedies_at_a_larger_lag_beside_decoupled_ppo(tmp_path, saved):
     assert rows["tasks at 0.75 or more"] == ["0 of 2", "2 of 2"]
     assert "| TaskB-v4 | 1.00 [0.00, 2.00] | 5.00 | -2.00 | 0.50 |" in found  # synchronous PPO's seeds range 0 to 2
     assert "decoupled PPO, lag under 8 (1 of 6 runs)" in found  # 3 seeds, as synchronous PPO
+    assert "remedies_k8" not in report  # at the grid's K the methods under lag have their own sections
     figure = saved[os.path.join(folder, "remedies_K32.png")]
     readable(figure)
     assert [ax.get_title() for ax in figure.axes] == ["TaskA-v4: return", "TaskA-v4: entropy", "TaskB-v4: return",

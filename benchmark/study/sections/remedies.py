@@ -1,8 +1,8 @@
-"""Remedies for lag: decoupled PPO beside what was tried to win more of PPO's lag loss back at a K where every method
-kept under half (presets.REMEDIES: an exact-KL stop on the update, the stale samples left out, GePPO's band and rate on GAE's
+"""Remedies for lag: decoupled PPO beside what was tried to win more of PPO's lag loss back at a lag above the grid's,
+where every method kept under half (presets.REMEDIES: an exact-KL stop on the update, the stale samples left out, GePPO's band and rate on GAE's
 advantages, V-trace's advantages with the KL stop), on the tasks PPO ran at that K. Per task the share of PPO's lag
 loss each wins back, with its interval, and how wide each policy ends beside synchronous PPO's; then the return and
-the entropy against env steps. One section for each K a remedy ran at."""
+the entropy against env steps. One section for each such K."""
 
 import warnings
 
@@ -19,9 +19,9 @@ GOAL = 0.75  # the share of the lag loss a remedy is to win back on every task
 
 
 def section(study):
-    lags = sorted({k for a, k in study.keys if a in REMEDIES and k > 1 and ("ppo", k) in study.raw})
+    lags = sorted({k for a, k in study.keys if a in REMEDIES and k > max(study.ks) and ("ppo", k) in study.raw})
     if not lags:
-        return "no run of a remedy under lag, beside PPO"
+        return "no run of a remedy at a lag above the grid's, beside PPO"
     lines = []
     for k in lags:
         found, drawn = remedies(study, k)
