@@ -193,8 +193,8 @@ def main(args: Args):
           f"range {min(capacity):.2f}-{max(capacity):.2f}")
     for entry, values in sps.items():
         median = statistics.median(values)
-        # against the raw env timed in the same repeat: the machine's speed drifts between repeats by more than
-        # the gap measured, so the median of the repeats' ratios, not the ratio of the medians
+        # against the raw env timed in the same repeat: a ratio within one repeat cancels the machine's drift between
+        # repeats, which a ratio of the medians would carry
         of_raw = statistics.median(v / r for v, r in zip(values, raw))
         of_first = statistics.median(v / f for v, f in zip(values, sps[args.scripts[0]]))
         waited = ""

@@ -29,7 +29,6 @@ from benchmark.study.presets import ALGORITHMS  # noqa: E402
 from benchmark.study.report import marked  # noqa: E402
 
 FOLDER = os.path.join(RESULTS, "lag-by-age")
-NAMES = {"ppo": "PPO", "ppo-decoupled": "decoupled PPO", "vtrace-decoupled": "V-trace + decoupled clip"}
 # (task, algorithm, K): decoupled PPO at K = 32 where lag costs it most (Walker2d, Hopper) and least (Ant), beside
 # synchronous PPO on the same task; V-trace + decoupled clip, which narrows most, on Hopper
 RUNS = [("Walker2d-v4", "ppo-decoupled", 32), ("Walker2d-v4", "ppo", 1), ("Hopper-v4", "ppo", 1),
@@ -122,7 +121,7 @@ def report(figures_dir=None):
              "|-|-|-|-|-|-|-|-|"]
     for t, a, k in stale:
         for b in by_age(found[(t, a, k)]):
-            table.append(f"| {t} | {NAMES[a]} | {b['ages']} | {b['share']:.2f} | {b['advantage']:+.2f} | "
+            table.append(f"| {t} | {plotting.NAMES[a]} | {b['ages']} | {b['share']:.2f} | {b['advantage']:+.2f} | "
                          f"{b['abs_z']:.2f} | {b['weight']:.2f} | {b['push']:.2f} |")
     lines += marked("narrowing_by_age", table)
     lines += ["## The update, from its first step to its last epoch", ""]
@@ -134,7 +133,7 @@ def report(figures_dir=None):
              "narrower though pushed wider | KL, means | KL, std |", "|-|-|-|-|-|-|-|-|-|-|"]
     for t, a, k in found:
         u = per_update(found[(t, a, k)])
-        table.append(f"| {t} | {NAMES[a]} | {k} | {u['first_epoch']:+.4f} | {u['update']:+.4f} | {u['push']:+.4f} | "
+        table.append(f"| {t} | {plotting.NAMES[a]} | {k} | {u['first_epoch']:+.4f} | {u['update']:+.4f} | {u['push']:+.4f} | "
                      f"{u['push_centred']:+.4f} | {u['fell_when_wider']:.2f} | {u['kl_mean']:.4f} | "
                      f"{u['kl_std']:.5f} |")
     lines += marked("narrowing_update", table)
@@ -152,7 +151,7 @@ def figure(found, path):
     plt = plotting.pyplot()
     palette = [plotting.OKABE_ITO[c] for c in ("blue", "vermillion", "green", "orange", "sky", "purple", "black")]
     colours = {key: palette[i % len(palette)] for i, key in enumerate(found)}
-    label = lambda t, a, k: f"{t.split('-')[0]}, {NAMES[a]}, K = {k}"  # noqa: E731
+    label = lambda t, a, k: f"{t.split('-')[0]}, {plotting.NAMES[a]}, K = {k}"  # noqa: E731
     with plt.rc_context(plotting.FONT):
         fig, axes = plt.subplots(2, 2, figsize=(plotting.FIGURE_WIDTH, 7.4), layout="constrained")
         for key, rows in found.items():

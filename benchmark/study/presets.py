@@ -130,8 +130,8 @@ FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tas
 MAIN_ALGORITHMS = ["ppo", "ppo-kl", "spo", "vaco", "vaco-noalign", "vaco-nofilter", "vaco-none", "ppo-decoupled"]
 LAG_METHODS = {"vaco": "VACO", "vaco-proximal-0.1": "VACO against π_T", "ppo-decoupled": "decoupled PPO",
                "vtrace-decoupled": "V-trace + decoupled clip", "geppo": "GePPO", "geppo-gae": "GePPO with GAE"}
-# What was tried to win back more of the lag at K = 32, where every method above keeps under half: the remedies section
-# sets them beside decoupled PPO, the method they change
+# What was tried to win back more of the lag at K = 32: the remedies section sets them beside decoupled PPO, the method
+# they change
 REMEDIES = {"ppo-decoupled-kl-0.015": "decoupled PPO + KL stop", "geppo-gae": "GePPO with GAE",
             "ppo-decoupled-lag-8": "decoupled PPO, lag under 8", "vtrace-decoupled-kl-0.015": "V-trace + decoupled clip + KL stop"}
 

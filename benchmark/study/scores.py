@@ -42,26 +42,19 @@ def load_runs(results_dir):
 def slice_scores(rows, total_steps, slices=SLICES):
     """Mean episodic return in each of `slices` equal slices of env steps (NaN where no episode
     ended), from per-update rows holding `step`, `episodes` and `return_mean`."""
-    sums, counts = np.zeros(slices), np.zeros(slices)
-    for row in rows:
-        episodes = int(row["episodes"])
-        if episodes:
-            i = min(int((int(row["step"]) - 1) * slices // total_steps), slices - 1)
-            sums[i] += float(row["return_mean"]) * episodes
-            counts[i] += episodes
-    with np.errstate(invalid="ignore"):
-        return sums / counts
+    return slice_means(rows, "return_mean", total_steps, slices, weight="episodes")
 
 
-def slice_means(rows, column, total_steps, slices=SLICES):
-    """Mean of a logged column (one value per update, e.g. the entropy) in each of `slices` equal slices of env
-    steps (NaN where no update logged it)."""
+def slice_means(rows, column, total_steps, slices=SLICES, weight=None):
+    """Mean of a logged column in each of `slices` equal slices of env steps (NaN where no row has it), each row
+    counted once, or `weight` times (a row's number of episodes, whose mean return it holds)."""
     sums, counts = np.zeros(slices), np.zeros(slices)
     for row in rows:
-        if row.get(column, "") != "":
+        n = int(row[weight]) if weight else int(row.get(column, "") != "")
+        if n:
             i = min(int((int(row["step"]) - 1) * slices // total_steps), slices - 1)
-            sums[i] += float(row[column])
-            counts[i] += 1
+            sums[i] += float(row[column]) * n
+            counts[i] += n
     with np.errstate(invalid="ignore"):
         return sums / counts
 
