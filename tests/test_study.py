@@ -360,6 +360,10 @@ def test_a_larger_lag_on_fewer_tasks_has_its_own_section(tmp_path, saved):
                 if algorithm == "ppo-decoupled":
                     write_csv_columns(folder, task, algorithm, seed, k=k, backward_ratio_max=[150.0] * 5 + [50.0] * 5,
                                       backward_tv=[0.1 * k / 8] * 10)
+    for task in ("TaskA-v4", "TaskB-v4"):  # GePPO with GAE: all its seeds at K = 32, one of three at K = 8
+        write_run(folder, task, "geppo-gae", 8, 1, [100] * 10)
+        for seed in (1, 2, 3):
+            write_run(folder, task, "geppo-gae", 32, seed, [50] * 10)
     analyze.main(analyze.Args(results_dir=folder, reps=200))
     report = open(os.path.join(folder, "report.md")).read()
     recovered = report[report.index("[start:lag_recovered]"):report.index("[end:lag_recovered]")]
@@ -372,6 +376,8 @@ def test_a_larger_lag_on_fewer_tasks_has_its_own_section(tmp_path, saved):
     assert "0.75 [" in rows["median"].split("|")[3]  # decoupled PPO: (80 - 20) / (100 - 20)
     assert "| decoupled PPO | 32 | 0.4 | | 100 | 0.50 |" in scan.replace("|  |", "| |")  # its cap bound in half the updates
     assert "| VACO | 32 |" in scan and "| PPO | 8 |" in scan
+    geppo_gae = next(line for line in scan.splitlines() if line.startswith("| TaskA-v4 | GePPO with GAE |"))
+    assert [cell.strip() for cell in geppo_gae.split("|")[3:-1]] == ["", "", "0.50"]  # no cell of a block running
     figure = saved[os.path.join(folder, "lag_scan_K32.png")]
     readable(figure)
     assert [ax.get_title() for ax in figure.axes if ax.get_visible()] == ["IQM over 2 tasks", "TaskA-v4", "TaskB-v4"]

@@ -38,7 +38,9 @@ def scan(study, k):
         return incomplete_line(partial, k), False
     names = {"ppo": "PPO", **LAG_METHODS}
     scan_ks = [1, k_main, k]
-    keys = [(a, kk) for a in ["ppo", *methods] for kk in scan_ks if all(finals(raw, (a, kk), t) for t in tasks)]
+    finished = {kk: completeness(raw, methods, kk, tasks, study.planned)[0] for kk in scan_ks}  # no block still running
+    keys = [(a, kk) for a in ["ppo", *methods] for kk in scan_ks
+            if (a == "ppo" or a in finished[kk]) and all(finals(raw, (a, kk), t) for t in tasks)]
     lines = [f"Lag K = {k} (snapshots 0 to {k - 1} updates old, {(k - 1) / 2:g} on average once the buffer is full, after "
              f"{k - 1} updates) on {', '.join(tasks)}, beside K = 1 and {k_main}, every method at its K = {k_main} settings. "
              "Normalised final score, mean over seeds (1 = PPO at K = 1, 0 = random).", "",
