@@ -420,6 +420,30 @@ def test_remedies_at_a_larger_lag_beside_decoupled_ppo(tmp_path, saved):
     assert len(figure.axes[1].get_lines()) == 4  # PPO at K = 1 and 32, decoupled PPO, the KL stop
 
 
+def test_geppos_eps_beside_the_studys_on_the_seeds_it_ran():
+    # GePPO at K = 8 with 3 seeds (ends 90, 100, 110 above random) and eps = 0.1 on seed 1 (ends 130 on TaskA: outside
+    # eps = 0.2's range; 96 on TaskB: inside); PPO at K = 1 ends at 100: the normalised shift is (0.4 + 0.06) / 2
+    from benchmark.study.sections import geppo_eps
+
+    def run(task, algorithm, k, seed, final):
+        return {"task": task, "algorithm": algorithm, "k": k, "seed": seed, "total_timesteps": 10}, \
+            [{"step": i + 1, "episodes": 1, "return_mean": final} for i in range(10)]
+
+    runs = [run(t, "ppo", k, s, 100) for t in ("TaskA-v4", "TaskB-v4") for k in (1, 8) for s in (1, 2, 3)]
+    runs += [run(t, "vaco", k, s, 100) for t in ("TaskA-v4", "TaskB-v4") for k in (1, 8) for s in (1, 2, 3)]
+    runs += [run(t, "geppo", 8, s, 80 + 10 * s) for t in ("TaskA-v4", "TaskB-v4") for s in (1, 2, 3)]
+    plan = {(t, "geppo-clip-0.1", 8, 1) for t in ("TaskA-v4", "TaskB-v4")}
+    randoms = {"TaskA-v4": 0.0, "TaskB-v4": 0.0}
+    first = runs + [run("TaskA-v4", "geppo-clip-0.1", 8, 1, 130)]
+    lines = geppo_eps.section(analyze.study_of(first, randoms, planned=plan))
+    assert "GePPO with ε = 0.1 (1 of 2 runs)" in "\n".join(lines)  # one task still to run: no table
+    lines = geppo_eps.section(analyze.study_of(first + [run("TaskB-v4", "geppo-clip-0.1", 8, 1, 96)], randoms,
+                                               planned=plan))
+    assert "| TaskA-v4 | 90 | 130 | [90, 110] | outside |" in lines
+    assert "| TaskB-v4 | 90 | 96 | [90, 110] | inside |" in lines
+    assert any("mean over the 2 tasks: +0.23 (from +0.06 to +0.40)" in line for line in lines)
+
+
 def test_without_lag_loss_there_is_no_lag_recovered_section(tmp_path):
     folder, randoms = study_folder(tmp_path)
     for seed in (1, 2):

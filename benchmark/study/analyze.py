@@ -24,13 +24,13 @@ from benchmark.study.presets import MAIN_ALGORITHMS, planned_runs  # noqa: E402
 from benchmark.study.random_scores import load_random_scores, update_random_scores  # noqa: E402
 from benchmark.study.scores import load_runs, ppo_references, score_table  # noqa: E402
 from benchmark.study.sections import (aggregates, baselines, decoupled_diagnostics, diagnostics,  # noqa: E402
-                                      figures, improvement, lag_recovered, lag_scan, per_task, remedies,
+                                      figures, geppo_eps, improvement, lag_recovered, lag_scan, per_task, remedies,
                                       summary_number, sweep, trust_region, vaco_vs_ppo, which_script, window)
 
 # The report, in order. A section returns its Markdown lines, or, when the folder has nothing for it, the one line
 # that says why (printed, and left out of the report).
 SECTIONS = [per_task, which_script, vaco_vs_ppo, lag_recovered, decoupled_diagnostics, trust_region, lag_scan, remedies,
-            summary_number, diagnostics, window, aggregates, improvement, baselines, sweep, figures]
+            geppo_eps, summary_number, diagnostics, window, aggregates, improvement, baselines, sweep, figures]
 
 
 @dataclass
