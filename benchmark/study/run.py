@@ -227,7 +227,8 @@ class Args:
     Hopper and Walker2d), ten-tasks-geppo-eps (GePPO with eps 0.1 at K 8, seed 1 of the ten tasks),
     ten-tasks-k32-remedies (decoupled PPO with an exact-KL stop, and GePPO with GAE, at K 32 on the same four
     tasks), ten-tasks-k32-screen (decoupled PPO without its stale samples, and V-trace + decoupled clip with the KL
-    stop, seed 1 of the same), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
+    stop, seed 1 of the same), ten-tasks-kl-stop (decoupled PPO with the KL stop at K 8 on the ten tasks and at K 1
+    on the four), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
     K in 1,2,4,8 x 10 seeds at 1M steps)"""
     jobs: int = os.cpu_count() or 1
     """runs at a time (each run uses one core)"""
