@@ -977,3 +977,43 @@ def test_random_scores_bad_input(tmp_path):
         random_scores.main(random_scores.Args(str(tmp_path)))
     with pytest.raises(SystemExit, match="precision"):
         random_scores.main(random_scores.Args(str(tmp_path), precision=0.0))
+
+
+def test_a_remedy_at_the_grids_lag_and_without_lag():
+    # Three tasks, 0 = random: PPO ends at 100 without lag and 60 at K = 8, decoupled PPO at 90. The KL stop's seed 1
+    # ends at 120 on TaskA (ahead of both PPOs), 95 on TaskB (behind synchronous PPO's three seeds, 99-101), 50 on
+    # TaskC (behind both); without lag at 120 on TaskA and 75 on TaskB. All three seeds are planned.
+    from benchmark.study.sections import remedy_grid
+
+    def run(task, algorithm, k, seed, final):
+        return {"task": task, "algorithm": algorithm, "k": k, "seed": seed, "total_timesteps": 10}, \
+            [{"step": i + 1, "episodes": 1, "return_mean": final} for i in range(10)]
+
+    tasks, kl = ("TaskA-v4", "TaskB-v4", "TaskC-v4"), "ppo-decoupled-kl-0.015"
+    runs = [run(t, a, 1, s, 98 + s) for t in tasks for a in ("ppo", "vaco") for s in (1, 2, 3)]
+    runs += [run(t, a, 8, s, final - 2 + s) for t in tasks for a, final in (("ppo", 60), ("vaco", 60),
+                                                                            ("ppo-decoupled", 90)) for s in (1, 2, 3)]
+    plan = {(t, kl, 8, s) for t in tasks for s in (1, 2, 3)} | {(t, kl, 1, s) for t in tasks[:2] for s in (1, 2, 3)}
+    randoms = {t: 0.0 for t in tasks}
+    seed_1 = [run(t, kl, 8, 1, final) for t, final in zip(tasks, (120, 95, 50))]
+    seed_1 += [run(t, kl, 1, 1, final) for t, final in zip(tasks[:2], (120, 75))]
+    lines = remedy_grid.section(analyze.study_of(runs + seed_1[:1], randoms, planned=plan))
+    assert "Incomplete at K = 8: decoupled PPO + KL stop has 1 of 9 runs, and no seed on every task." in lines
+    lines = remedy_grid.section(analyze.study_of(runs + seed_1, randoms, planned=plan, reps=200))
+    text = "\n".join(lines)
+    assert "on seed 1 (3 of the 9 runs planned are in: a screen, until the rest are)" in text
+    assert "| TaskA-v4 | 100 [98, 102] | 60 [58, 62] | 90 [88, 92] | 120 (1 seed) | 3 of 3 | 3 of 3 | 9 of 9 |" in lines
+    assert "| TaskB-v4 | 100 [98, 102] | 60 [58, 62] | 90 [88, 92] | 95 (1 seed) | 0 of 3 | 3 of 3 | 9 of 9 |" in lines
+    assert ("Clearly behind synchronous PPO: decoupled PPO + KL stop on 2 tasks (TaskB-v4, TaskC-v4). Clearly behind "
+            "PPO at K = 8: decoupled PPO + KL stop on 1 task (TaskC-v4); decoupled PPO on 0 tasks.") in lines
+    cells = [[c.strip(" *") for c in line.split("|")[2:-1]] for line in lines if line.startswith("| 8 |")]
+    rows = {(seeds, task): shares for seeds, task, _, _, *shares in cells}  # at K = 8: against PPO, against itself
+    assert list(rows) == [("1", "TaskA-v4"), ("1", "TaskB-v4"), ("1", "median")]  # TaskC ran no K = 1
+    assert rows[("1", "TaskA-v4")][0].startswith("1.50 [") and rows[("1", "TaskA-v4")][1].startswith("1.00 [")
+    assert rows[("1", "TaskB-v4")][0].startswith("0.88 [") and rows[("1", "TaskB-v4")][1].startswith("2.33 [")
+    assert rows[("1", "median")][0].startswith("1.19 [") and rows[("1", "median")][1].startswith("1.67 [")
+    everything = seed_1 + [run(t, kl, k, s, final) for t in tasks for k, final in ((8, 120), (1, 120)) for s in (2, 3)
+                           if k == 8 or t != "TaskC-v4"]
+    text = "\n".join(remedy_grid.section(analyze.study_of(runs + everything, randoms, planned=plan, reps=200)))
+    assert "on seeds 1, 2, 3, beside PPO" in text and "screen" not in text
+    assert "| TaskA-v4 | 100 [98, 102] | 60 [58, 62] | 90 [88, 92] | 120 [120, 120] | 9 of 9 | 9 of 9 | 9 of 9 |" in text

@@ -25,12 +25,12 @@ from benchmark.study.random_scores import load_random_scores, update_random_scor
 from benchmark.study.scores import load_runs, ppo_references, score_table  # noqa: E402
 from benchmark.study.sections import (aggregates, baselines, decoupled_diagnostics, diagnostics,  # noqa: E402
                                       figures, geppo_eps, improvement, lag_recovered, lag_scan, per_task, remedies,
-                                      summary_number, sweep, trust_region, vaco_vs_ppo, which_script, window)
+                                      remedy_grid, summary_number, sweep, trust_region, vaco_vs_ppo, which_script, window)
 
 # The report, in order. A section returns its Markdown lines, or, when the folder has nothing for it, the one line
 # that says why (printed, and left out of the report).
 SECTIONS = [per_task, which_script, vaco_vs_ppo, lag_recovered, decoupled_diagnostics, trust_region, lag_scan, remedies,
-            geppo_eps, summary_number, diagnostics, window, aggregates, improvement, baselines, sweep, figures]
+            remedy_grid, geppo_eps, summary_number, diagnostics, window, aggregates, improvement, baselines, sweep, figures]
 
 
 @dataclass

@@ -44,10 +44,12 @@ def probability_of_improvement(pairs, reps, seed):
     return each_seeded(metrics.probability_of_improvement, pairs, reps, seed)
 
 
-def lag_won_back(raw, tasks, k, algorithms, reps, seed):
+def lag_won_back(raw, tasks, k, algorithms, reps, seed, against_itself=False):
     """The share of PPO's lag loss that each algorithm wins back at K = k, (X_k - PPO_k) / (PPO_1 - PPO_k)
     of the mean final returns, per task and its mean over tasks, with 95% stratified-bootstrap intervals
-    (the seeds of each algorithm and K resampled within each task). Returns {algorithm: (point, interval)}:
+    (the seeds of each algorithm and K resampled within each task). With `against_itself`, the loss runs
+    from PPO at K = k to the algorithm's own mean at K = 1, (X_k - PPO_k) / (X_1 - PPO_k): 1 when lag costs it
+    nothing, whichever way it changes synchronous training. Returns {algorithm: (point, interval)}:
     point[i] is tasks[i]'s share, point[-2] the mean over tasks and point[-1] the median over tasks (of the
     per-task shares: a task whose small loss makes its share large cannot carry it); interval is shaped
     (2, len(tasks) + 2)."""
@@ -57,8 +59,9 @@ def lag_won_back(raw, tasks, k, algorithms, reps, seed):
 
     estimates = {}
     for algorithm in algorithms:
-        rng = np.random.default_rng(seed)  # the same resamples of PPO's seeds for every algorithm, whichever ran
-        groups = [[np.array(finals(raw, key, t)) for key in ((algorithm, k), ("ppo", k), ("ppo", 1))] for t in tasks]
+        rng = np.random.default_rng(seed)  # seeded alike for every algorithm: any two with as many seeds draw alike
+        reference = (algorithm if against_itself else "ppo", 1)
+        groups = [[np.array(finals(raw, key, t)) for key in ((algorithm, k), ("ppo", k), reference)] for t in tasks]
         point = shares([[g.mean() for g in group] for group in groups])
         with np.errstate(divide="ignore", invalid="ignore"):  # a resample where PPO lost nothing to lag
             samples = [shares([[rng.choice(g, len(g)).mean() for g in group] for group in groups])
