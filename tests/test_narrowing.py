@@ -5,6 +5,8 @@ import pytest
 from benchmark.common import write_csv
 from benchmark.study import lag_by_age, narrowing
 
+pytestmark = pytest.mark.floatfree  # the tables and report, in numpy, of CSVs written here
+
 
 def rows_of(updates, ages):
     """lag_by_age.py's rows: per update, each age with 10 samples whose mean advantage is -age/10 and |z| 0.8 + age/10,

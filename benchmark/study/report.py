@@ -19,6 +19,17 @@ def titled(title, name, lines):
     return [f"### {title}", "", *marked(name, lines)] if lines else []
 
 
+def per_lag(study, lags, each, title, name, figure):
+    """One titled section for each K of `lags`: `each(study, k)` gives its lines and whether it drew its figure;
+    `title`, `name` (the snippet markers') and `figure` (the PNG's file name) are formatted with k."""
+    lines = []
+    for k in lags:
+        found, drawn = each(study, k)
+        lines += titled(title.format(k=k), name.format(k=k), found)
+        lines += [f"![{title.format(k=k)}]({study.figures.link(figure.format(k=k))})", ""] if drawn else []
+    return lines
+
+
 def fmt_interval(point, interval):
     return f"{point:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
 

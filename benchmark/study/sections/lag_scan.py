@@ -9,7 +9,7 @@ import numpy as np
 from benchmark.study import plotting
 from benchmark.study.estimates import aggregates, lag_won_back
 from benchmark.study.presets import LAG_METHODS
-from benchmark.study.report import fmt_interval, incomplete_line, titled
+from benchmark.study.report import fmt_interval, incomplete_line, per_lag
 from benchmark.study.scores import completeness, finals, lag_hurt_tasks, logged_means, score_matrix
 
 
@@ -20,12 +20,7 @@ def section(study):
     larger = sorted({k for _, k in study.keys if k > k_main and ("ppo", k) in study.raw})
     if not larger:
         return f"no run of PPO at a K above the grid's {k_main}"
-    lines = []
-    for k in larger:
-        found, drawn = scan(study, k)
-        lines += titled(f"How much lag: K = 1, {k_main} and {k}", f"lag_scan_k{k}", found)
-        lines += [f"![how much lag]({study.figures.link(f'lag_scan_K{k}.png')})", ""] if drawn else []
-    return lines
+    return per_lag(study, larger, scan, f"How much lag: K = 1, {k_main} and {{k}}", "lag_scan_k{k}", "lag_scan_K{k}.png")
 
 
 def scan(study, k):

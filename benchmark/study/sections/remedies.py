@@ -11,7 +11,7 @@ import numpy as np
 from benchmark.study import plotting
 from benchmark.study.estimates import lag_won_back
 from benchmark.study.presets import REMEDIES
-from benchmark.study.report import fmt_interval, incomplete_line, titled
+from benchmark.study.report import fmt_interval, incomplete_line, per_lag
 from benchmark.study.scores import completeness, lag_hurt_tasks, slice_means, slice_scores
 
 BASE = "ppo-decoupled"  # the method the remedies change
@@ -22,12 +22,7 @@ def section(study):
     lags = sorted({k for a, k in study.keys if a in REMEDIES and k > max(study.ks) and ("ppo", k) in study.raw})
     if not lags:
         return "no run of a remedy at a lag above the grid's, beside PPO"
-    lines = []
-    for k in lags:
-        found, drawn = remedies(study, k)
-        lines += titled(f"Remedies at K = {k}", f"remedies_k{k}", found)
-        lines += [f"![remedies]({study.figures.link(f'remedies_K{k}.png')})", ""] if drawn else []
-    return lines
+    return per_lag(study, lags, remedies, "Remedies at K = {k}", "remedies_k{k}", "remedies_K{k}.png")
 
 
 def remedies(study, k):
