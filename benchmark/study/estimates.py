@@ -59,7 +59,7 @@ def lag_won_back(raw, tasks, k, algorithms, reps, seed, against_itself=False):
 
     estimates = {}
     for algorithm in algorithms:
-        rng = np.random.default_rng(seed)  # seeded alike for every algorithm: any two with as many seeds draw alike
+        rng = np.random.default_rng(seed)  # for every algorithm with as many seeds, the same resamples of PPO's
         reference = (algorithm if against_itself else "ppo", 1)
         groups = [[np.array(finals(raw, key, t)) for key in ((algorithm, k), ("ppo", k), reference)] for t in tasks]
         point = shares([[g.mean() for g in group] for group in groups])

@@ -19,14 +19,14 @@ def titled(title, name, lines):
     return [f"### {title}", "", *marked(name, lines)] if lines else []
 
 
-def per_lag(study, lags, each, title, name, figure):
-    """One titled section for each K of `lags`: `each(study, k)` gives its lines and whether it drew its figure;
-    `title`, `name` (the snippet markers') and `figure` (the PNG's file name) are formatted with k."""
+def per_lag(study, lags, each, title, name):
+    """One section for each K of `lags`: `each(study, k)` gives its lines and whether it drew its figure; `title(k)`
+    heads it, the snippet markers are <name>_k<K> and the figure <name>_K<K>.png."""
     lines = []
     for k in lags:
         found, drawn = each(study, k)
-        lines += titled(title.format(k=k), name.format(k=k), found)
-        lines += [f"![{title.format(k=k)}]({study.figures.link(figure.format(k=k))})", ""] if drawn else []
+        lines += titled(title(k), f"{name}_k{k}", found)
+        lines += [f"![{title(k)}]({study.figures.link(f'{name}_K{k}.png')})", ""] if drawn else []
     return lines
 
 

@@ -114,10 +114,21 @@ def score_matrix(normalised, key, tasks, metric):
     """(runs x tasks) array for rliable; seeds present on every task only (None if a task lacks it)."""
     if any(task not in normalised.get(key, {}) for task in tasks):
         return None
-    seeds = sorted(set.intersection(*(set(normalised[key][t]) for t in tasks)))
+    seeds = common_seeds(normalised, key, tasks)
     if not seeds:
         return None
     return np.array([[normalised[key][t][s][metric] for t in tasks] for s in seeds])
+
+
+def common_seeds(scores, key, tasks):
+    """The seeds of `key` found on every one of `tasks` in a {key: {task: {seed: ...}}} table (none without tasks)."""
+    found = [set(scores.get(key, {}).get(t, {})) for t in tasks]
+    return sorted(set.intersection(*found)) if found else []
+
+
+def on_seeds(scores, key, seeds):
+    """The table with `key`'s entries cut to `seeds`, so that every task of a comparison has the same seeds."""
+    return {**scores, key: {t: {s: v for s, v in by_seed.items() if s in seeds} for t, by_seed in scores[key].items()}}
 
 
 def finals(raw, key, task):

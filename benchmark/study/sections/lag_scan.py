@@ -20,7 +20,7 @@ def section(study):
     larger = sorted({k for _, k in study.keys if k > k_main and ("ppo", k) in study.raw})
     if not larger:
         return f"no run of PPO at a K above the grid's {k_main}"
-    return per_lag(study, larger, scan, f"How much lag: K = 1, {k_main} and {{k}}", "lag_scan_k{k}", "lag_scan_K{k}.png")
+    return per_lag(study, larger, scan, lambda k: f"How much lag: K = 1, {k_main} and {k}", "lag_scan")
 
 
 def scan(study, k):

@@ -22,7 +22,7 @@ def section(study):
     lags = sorted({k for a, k in study.keys if a in REMEDIES and k > max(study.ks) and ("ppo", k) in study.raw})
     if not lags:
         return "no run of a remedy at a lag above the grid's, beside PPO"
-    return per_lag(study, lags, remedies, "Remedies at K = {k}", "remedies_k{k}", "remedies_K{k}.png")
+    return per_lag(study, lags, remedies, lambda k: f"Remedies at K = {k}", "remedies")
 
 
 def remedies(study, k):
