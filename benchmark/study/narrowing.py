@@ -164,15 +164,22 @@ def figure(found, path):
             for ax, column in ((axes[0, 0], "advantage_mean"), (axes[0, 1], "abs_z_mean")):
                 means = [np.mean([r[column] for r in window(rows["ages"]) if int(r["age"]) == age]) for age in ages]
                 ax.plot(ages, means, color=colours[key], lw=1.4)
-        changes = [per_update(rows) for rows in found.values()]
-        x = np.arange(len(found))
-        axes[1, 1].bar(x - 0.2, [c["first_epoch"] for c in changes], 0.4, color=[colours[k] for k in found],
-                       alpha=0.5, label="first epoch")
-        axes[1, 1].bar(x + 0.2, [c["update"] for c in changes], 0.4, color=[colours[k] for k in found],
-                       label="all epochs")
+        # the entropy's change per update, a group of bars per task: each run a pair (first epoch, all epochs)
+        changes = {key: per_update(rows) for key, rows in found.items()}
+        tasks = list(dict.fromkeys(t for t, _, _ in found))
+        slot = 0.8 / max(sum(t == task for t, _, _ in found) for task in tasks)
+        for i, task in enumerate(tasks):
+            keys = [key for key in found if key[0] == task]
+            for j, key in enumerate(keys):
+                x = i + (j - (len(keys) - 1) / 2) * slot
+                for offset, part, alpha, name in ((-slot / 4, "first_epoch", 0.45, "first epoch"),
+                                                  (slot / 4, "update", 1.0, "all epochs")):
+                    axes[1, 1].bar(x + offset, changes[key][part], slot / 2, color=colours[key], alpha=alpha,
+                                   label=name if (i, j) == (0, 0) else None)
         axes[1, 1].axhline(0, color="black", lw=0.8)
-        axes[1, 1].set_xticks(x, [f"{t.split('-')[0][:6]}\nK = {k}" for t, _, k in found])
-        for ax, title, ylabel in ((axes[0, 0], "advantage by age", "mean advantage (batch std)"),
+        axes[1, 1].set_xticks(range(len(tasks)), [t.split("-")[0][:6] for t in tasks])  # Walker, Hopper, Ant
+        changes = list(changes.values())
+        for ax, title, ylabel in ((axes[0, 0], "advantage by age", "batch std"),
                                   (axes[0, 1], r"$|a - \mu_T| / \sigma_T$ by age", r"mean $|a - \mu_T| / \sigma_T$"),
                                   (axes[1, 0], "entropy", "policy entropy"),
                                   (axes[1, 1], "change per update", "entropy change")):
