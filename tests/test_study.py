@@ -1028,6 +1028,7 @@ def test_a_remedy_at_the_grids_lag_and_without_lag():
     lines = remedy_grid.section(analyze.study_of(runs + everything, randoms, planned=plan, reps=200))
     text = "\n".join(lines)
     assert "on seeds 1, 2, 3, beside PPO" in text and "screen" not in text
+    assert lines[2] == "<!-- --8<-- [start:remedy_grid_ppo_decoupled_kl_0_015] -->"  # a name the docs can include
     assert "| TaskA-v4 | 100 [98, 102] | 60 [58, 62] | 90 [88, 92] | 120 [120, 120] | 9 of 9 / 9 of 9 | 0 of 9 / 9 of 9 |" in text
     assert "IQM of the normalised final score at K = 8 (1 = PPO at K = 1) over the 3 tasks: PPO 0.60 [" in text
     k32 = [[c.strip(" *") for c in line.split("|")[3:-1]] for line in lines if line.startswith("| 32 |")]

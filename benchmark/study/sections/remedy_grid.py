@@ -6,6 +6,8 @@ section counts), on the seeds every task has; then, where the remedy also ran wi
 loss it wins back at each K measured two ways: against PPO at K = 1, and against itself at K = 1, so that what it
 wins back is lag and not a change to synchronous training."""
 
+import re
+
 import numpy as np
 
 from benchmark.study.estimates import aggregates, lag_won_back
@@ -24,7 +26,8 @@ def section(study):
         lags = [k for k in study.ks if k > 1 and (a, k) in study.raw]
         if lags and a not in LAG_METHODS:
             k = max(lags)
-            lines += titled(f"{NAMES[a]} at K = {k} and without lag", f"remedy_grid_{a}", remedy(study, a, k))
+            marker = "remedy_grid_" + re.sub(r"[^a-z0-9]+", "_", a)  # a snippet's name: letters, digits and _
+            lines += titled(f"{NAMES[a]} at K = {k} and without lag", marker, remedy(study, a, k))
     return lines or "no run of a remedy at a lag of the grid"
 
 
