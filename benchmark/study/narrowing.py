@@ -178,7 +178,6 @@ def figure(found, path):
                                    label=name if (i, j) == (0, 0) else None)
         axes[1, 1].axhline(0, color="black", lw=0.8)
         axes[1, 1].set_xticks(range(len(tasks)), [t.split("-")[0][:6] for t in tasks])  # Walker, Hopper, Ant
-        changes = list(changes.values())
         for ax, title, ylabel in ((axes[0, 0], "advantage by age", "batch std"),
                                   (axes[0, 1], r"$|a - \mu_T| / \sigma_T$ by age", r"mean $|a - \mu_T| / \sigma_T$"),
                                   (axes[1, 0], "entropy", "policy entropy"),
@@ -189,7 +188,7 @@ def figure(found, path):
         for ax in axes[0]:
             ax.set_xlabel("snapshot age (updates)")
         axes[1, 0].set_xlabel("update")
-        low = min(min(c["first_epoch"], c["update"]) for c in changes)
+        low = min(min(c["first_epoch"], c["update"]) for c in changes.values())
         axes[1, 1].set_ylim(1.7 * low, 0)  # room below the bars for the legend
         axes[1, 1].legend(loc="lower right")
         fig.legend(*axes[1, 0].get_legend_handles_labels(), loc="outside lower center", ncol=1)

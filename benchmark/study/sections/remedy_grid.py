@@ -64,9 +64,10 @@ def remedy(study, a, k):
             won = []
             for against in (1, k):
                 xs, ys = finals(raw, (who, k), task), finals(raw, ("ppo", against), task)
-                if xs and ys and pairs_won(xs, ys) <= CLEARLY_BEHIND * len(xs) * len(ys):
+                wins, pairings = pairs_won(xs, ys), len(xs) * len(ys)
+                if pairings and wins <= CLEARLY_BEHIND * pairings:
                     behind[(who, against)].append(task)
-                won.append(f"{pairs_won(xs, ys)} of {len(xs) * len(ys)}")
+                won.append(f"{wins} of {pairings}")
             cells.append(" / ".join(won))
         returns = [interval_cell(finals(raw, key, task)) for key in (("ppo", 1), ("ppo", k), (BASE, k), (a, k))]
         lines.append(f"| {task} | " + " | ".join(returns + cells) + " |")
