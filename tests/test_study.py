@@ -100,6 +100,22 @@ def test_probability_of_improvement_of_a_dominating_algorithm():
     assert points["x,y"] == pytest.approx(1.0)
 
 
+def test_probability_of_improvement_is_rliables_number_for_number():
+    # the pair count gives the very float rliable's Mann-Whitney U gives, ties (half a pair each),
+    # identical arrays (0.5) and runs of unequal number included, so every report's P(X > Y) stands
+    from rliable import metrics
+
+    rng = np.random.default_rng(0)
+    for case in range(300):
+        runs_x, runs_y, tasks = rng.integers(1, 6, size=3)
+        x = rng.integers(0, 4, size=(runs_x, tasks)) * 0.1  # few values: ties are common
+        y = x.copy() if case % 4 == 0 else rng.integers(0, 4, size=(runs_y, tasks)) * 0.1
+        if case % 5 == 0:
+            x, y = rng.normal(size=x.shape), rng.normal(size=y.shape)
+        assert estimates.improvement(x, y) == metrics.probability_of_improvement(x, y), (x, y)
+    assert estimates.improvement(np.array([[1.0, 2.0]]), np.array([[0.0, 2.0], [3.0, 2.0]])) == (0.5 + 0.5) / 2
+
+
 def test_analysis_end_to_end(tmp_path):
     folder, randoms = study_folder(tmp_path)
     for seed in (1, 2, 3):

@@ -1,6 +1,6 @@
 """The study's estimates with their intervals. Aggregates (rliable): median, IQM, mean and optimality gap over all
 runs x tasks, with 95% stratified-bootstrap percentile intervals (resampling seeds within each task), and the
-probability of improvement. The bootstrap is seeded, so the same CSVs always give the same intervals. Then the share
+probability of improvement (rliable's number, counted here in numpy: the same floats, hundreds of times faster). The bootstrap is seeded, so the same CSVs always give the same intervals. Then the share
 of PPO's lag loss a method wins back, bootstrapped the same way, and Student-t intervals of a mean over seeds.
 """
 
@@ -37,11 +37,20 @@ def aggregates(matrices, reps, seed):
     return each_seeded(fn, matrices, reps, seed)
 
 
+def improvement(scores_x, scores_y):
+    """P(X > Y) + P(X = Y) / 2 on each task (columns; rows are runs), averaged over tasks: rliable's
+    probability of improvement, whose Mann-Whitney U per task is this count of the pairs of runs (it is
+    the same float, as both are exact halves divided by the number of pairs), without a scipy call per
+    task and bootstrap sample."""
+    x, y = scores_x[:, None, :], scores_y[None, :, :]
+    pairs = scores_x.shape[0] * scores_y.shape[0]
+    per_task = ((x > y).sum(axis=(0, 1)) + 0.5 * (x == y).sum(axis=(0, 1))) / pairs
+    return np.mean(per_task)
+
+
 def probability_of_improvement(pairs, reps, seed):
     """P(X > Y) with 95% intervals for each {"X,Y": (scores_x, scores_y)}."""
-    from rliable import metrics
-
-    return each_seeded(metrics.probability_of_improvement, pairs, reps, seed)
+    return each_seeded(improvement, pairs, reps, seed)
 
 
 def lag_won_back(raw, tasks, k, algorithms, reps, seed, against_itself=False):
