@@ -1,7 +1,8 @@
 """The study's estimates with their intervals. Aggregates (rliable): median, IQM, mean and optimality gap over all
 runs x tasks, with 95% stratified-bootstrap percentile intervals (resampling seeds within each task), and the
-probability of improvement (rliable's number, counted here in numpy: the same floats, hundreds of times faster). The bootstrap is seeded, so the same CSVs always give the same intervals. Then the share
-of PPO's lag loss a method wins back, bootstrapped the same way, and Student-t intervals of a mean over seeds.
+probability of improvement (rliable's number, counted here in numpy: the same floats, hundreds of times faster).
+The bootstrap is seeded, so the same CSVs always give the same intervals. Then the share of PPO's lag loss a method
+wins back, bootstrapped the same way, and Student-t intervals of a mean over seeds.
 """
 
 import numpy as np
