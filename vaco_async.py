@@ -679,7 +679,11 @@ def actor_process(rank, world_size, args, port=None):
         dist.destroy_process_group()
     except RuntimeError as e:  # gloo's, when the learner is gone: "Connection closed by peer", a timeout
         sys.exit(f"error: actor {rank} stopped: {str(e).splitlines()[0]}")
-    sys.exit(0)
+    # Its envs are closed and its group destroyed: nothing is left to save. Python's own teardown of
+    # torch would hold the learner, which waits for every actor to exit, for a second or more.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # --- Learner ------------------------------------------------------------------------------------
