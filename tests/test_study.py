@@ -535,6 +535,9 @@ def readable(fig, legend=True):
     assert min(sizes) >= plotting.MIN_FONT_PT
     legends = fig.legends + [ax.get_legend() for ax in panels if ax.get_legend()]
     assert legends or not legend, "no legend"
+    page = fig.bbox
+    for box in [legend.get_window_extent() for legend in legends]:  # a legend wider than the figure loses its ends
+        assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, "a legend runs past the figure's edge"
     names = [t.get_text() for legend in legends for t in legend.get_texts()]
     names += [t.get_text() for ax in panels for t in ax.get_yticklabels()]
     ids = [name for name in names if re.match(r"(ppo|vaco|spo|geppo|vtrace)-|(ppo|vaco|spo)\b", name)]

@@ -59,6 +59,16 @@ def name(algorithm, sweep=()):
     return text.replace("π_T", r"$\pi_T$").replace("π_θ", r"$\pi_\theta$")
 
 
+def legend_columns(labels):
+    """Two legend columns where every label fits half a figure at the docs' width, else one."""
+    return 2 if max(map(len, labels)) <= 24 else 1
+
+
+def figure_labels(fig):
+    """The labels of every line in `fig` that a figure legend shows."""
+    return [label for ax in fig.axes for label in ax.get_legend_handles_labels()[1]]
+
+
 def save(fig, path):
     """Write a figure of the study (benchmark/common.py's save_figure; the tests watch this name)."""
     save_figure(fig, path)
@@ -149,5 +159,5 @@ def curves_figure(runs, keys, ks, sweep, path, shown=None):
         n = {a: (f"{min(seeds[a])}" if len(seeds[a]) == 1 else f"{min(seeds[a])}–{max(seeds[a])}") for a in legend}
         labels = [f"{name(a, sweep)} ({n[a]} seed{'' if n[a] == '1' else 's'})" for a in legend]
         fig.legend([handles[a] for a in legend], labels, loc="outside upper center",
-                   ncol=2 if max(map(len, labels)) <= 24 else 1, title="mean over seeds (line) ± one std (band)")
+                   ncol=legend_columns(labels), title="mean over seeds (line) ± one std (band)")
     save(fig, path)

@@ -91,6 +91,6 @@ def figure(tasks, algorithms, estimates, k, path, lo=-1.5, hi=3.0):
         ax.set_ylabel("task where lag hurts PPO")
         ax.set_xlabel(f"share of PPO's lag loss won back at K = {k}\n(0: none; 1: all of it, dashed)", loc="right")
         ax.grid(True, axis="x", which="both", alpha=0.25)
-        fig.legend(loc="outside upper center", ncol=2,
+        fig.legend(loc="outside upper center", ncol=plotting.legend_columns(plotting.figure_labels(fig)),
                    title="point: estimate; line: 95 % interval;\n▶: goes on past the axis")
     plotting.save(fig, path)

@@ -124,6 +124,6 @@ def figure(normalised, points, intervals, methods, names, keys, ks, tasks, path)
             ax.set_ylabel("normalised final score")
             ax.set_title(f"IQM over {len(tasks)} tasks" if panel == 0 else tasks[panel - 1])
             ax.grid(True, alpha=0.25)
-        fig.legend(loc="outside upper center", ncol=2,
+        fig.legend(loc="outside upper center", ncol=plotting.legend_columns(plotting.figure_labels(fig)),
                    title="first panel: IQM with 95 % interval;\nthe tasks' panels: mean over seeds")
     plotting.save(fig, path)

@@ -119,5 +119,6 @@ def figure(runs, methods, k, tasks, path):
                 if panel == 0:
                     ax.yaxis.set_major_formatter(FuncFormatter(plotting.compact_thousands))
                 ax.grid(True, alpha=0.25)
-        fig.legend(loc="outside upper center", ncol=2, title=f"K = {k}, mean over seeds; PPO at K = 1 dashed")
+        fig.legend(loc="outside upper center", ncol=plotting.legend_columns(plotting.figure_labels(fig)),
+                   title=f"K = {k}, mean over seeds; PPO at K = 1 dashed")
     plotting.save(fig, path)
