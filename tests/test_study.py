@@ -113,7 +113,8 @@ def test_probability_of_improvement_is_rliables_number_for_number():
         if case % 5 == 0:
             x, y = rng.normal(size=x.shape), rng.normal(size=y.shape)
         assert estimates.improvement(x, y) == metrics.probability_of_improvement(x, y), (x, y)
-    assert estimates.improvement(np.array([[1.0, 2.0]]), np.array([[0.0, 2.0], [3.0, 2.0]])) == (0.5 + 0.5) / 2
+    # by hand: task 1, 1 beats 0 and not 3 (1/2); task 2, 2 ties 2 and beats 1 (1.5/2)
+    assert estimates.improvement(np.array([[1.0, 2.0]]), np.array([[0.0, 2.0], [3.0, 1.0]])) == (0.5 + 0.75) / 2
 
 
 def test_analysis_end_to_end(tmp_path):
