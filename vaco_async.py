@@ -927,7 +927,7 @@ def actor_wait_fraction(actor_stats):
 def log_actors(writer, step, elapsed, comm, actor_stats, **charts):
     """The machinery, per update: how the queue and the actors fare, who waits for whom (a learner
     that waits for data wants more actors), with the training loop's own `charts`."""
-    charts.update(queue_depth=comm.segments.qsize(), segments_received=comm.received, actors_alive=len(comm.live()),
+    charts.update(queue_depth=comm.segments.qsize(), actors_alive=len(comm.live()),
                   actor_wait_fraction=actor_wait_fraction(actor_stats))
     for name, value in charts.items():
         writer.add_scalar(f"charts/{name}", value, step)
@@ -1162,6 +1162,8 @@ def main(args: Args):
                 break
 
         # The actors pick up the new policy: the next version, with the statistics that include this batch.
+        # The segments received are counted before they hear of it: under --sync, then, exactly those taken.
+        received = comm.received
         version += 1
         comm.publish(version, pack_policy(agent.actor, obs_rms))
 
@@ -1176,8 +1178,8 @@ def main(args: Args):
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
-        log_actors(writer, global_step, elapsed, comm, actor_stats, segments_used=used, segments_dropped=dropped,
-                   updates_per_second=(iteration - start_iteration + 1) / elapsed,
+        log_actors(writer, global_step, elapsed, comm, actor_stats, segments_received=received, segments_used=used,
+                   segments_dropped=dropped, updates_per_second=(iteration - start_iteration + 1) / elapsed,
                    learner_wait_fraction=learner_wait / elapsed)
         if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
                 and iteration < num_iterations:
