@@ -742,13 +742,17 @@ class LearnerComm(threading.Thread):
         silent for `timeout` s of listening. Returns the losses not returned before {rank: why},
         those this thread found (a send that failed) too."""
         clock = self.listening()
+        exited = {actor: f"its process exited with code {process.exitcode}"
+                  for actor, process in processes.items() if process.exitcode is not None}
         with self.lock:
             for actor in self.live():
-                if actor in processes and processes[actor].exitcode is not None:
-                    self.lost[actor] = f"its process exited with code {processes[actor].exitcode}"
+                if actor in exited:
+                    self.lost[actor] = exited[actor]
                 elif actor not in self.unanswered and clock - self.last_contact[actor] > timeout:
                     self.lost[actor] = f"silent for more than --actor-timeout {timeout:g} s"
-            new = {actor: why for actor, why in self.lost.items() if actor not in self.reported}
+            # the exit says more than the closed connection a send to that actor may have met first
+            new = {actor: exited.get(actor, why) for actor, why in self.lost.items() if actor not in self.reported}
+            self.lost.update(new)
             self.reported.update(new)
         return new
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 
 import gymnasium as gym
@@ -449,6 +450,19 @@ def test_a_loss_the_communication_thread_finds_is_reported_once():
     comm.lost[2] = "connection lost (Connection closed by peer)"  # what a failed send to actor 2 records
     assert comm.watch({}, timeout=60) == {2: "connection lost (Connection closed by peer)"}
     assert comm.watch({}, timeout=60) == {} and comm.live() == [1]
+
+
+def test_a_process_that_exited_is_reported_by_its_exit_though_a_send_to_it_failed_first():
+    # a killed actor's closed connection can fail the reply to its last segment before the learner
+    # looks at its process: the report still names the exit (a code -9 is a kill, an OOM killer's too)
+    comm = vaco_async.LearnerComm([1, 2, 3], vaco_async.SegmentLayout(2, 1, 3, 1), 2, False, 0, torch.zeros(1))
+    comm.lost[2] = comm.lost[3] = "connection lost (Connection closed by peer)"
+    processes = {actor: types.SimpleNamespace(exitcode=code) for actor, code in ((1, None), (2, -9), (3, None))}
+    assert comm.watch(processes, timeout=60) == {2: "its process exited with code -9",
+                                                 3: "connection lost (Connection closed by peer)"}
+    assert comm.lost[2] == "its process exited with code -9" and comm.live() == [1]
+    processes[1].exitcode = 1
+    assert comm.watch(processes, timeout=60) == {1: "its process exited with code 1"} and comm.live() == []
 
 
 def test_a_send_is_waited_on_once_when_both_threads_answer(monkeypatch):
