@@ -801,6 +801,7 @@ def test_a_tiny_study_runs_then_resumes_without_rerunning(tmp_path, capsys):
     meta = json.load(open(tmp_path / csv_name.replace(".csv", ".json")))
     assert meta["command"].startswith("python vaco_continuous.py --env-id Hopper-v4 --policy-buffer 8 --seed 1")
     assert meta["code"] == runner.code_version()
+    assert meta["machine"] == runner.machine() and meta["machine"]["cores"] >= 1 and meta["machine"]["cpu"]
     capsys.readouterr()
     runner.main(args)
     assert "1 already finished, 0 to go" in capsys.readouterr().out

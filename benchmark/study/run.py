@@ -8,8 +8,8 @@ are in presets.py.
     python benchmark/study/analyze.py benchmark/results/cpu     # aggregates, tables and figures
 
 Each run trains one top-level script in a scratch folder, then keeps only a small CSV of its
-learning curve and lag diagnostics (one row per update) and a JSON of its exact command and of the
-code it ran (the commit, and the Python files that differed from it):
+learning curve and lag diagnostics (one row per update) and a JSON of its exact command, the code it
+ran (the commit, and the Python files that differed from it) and the machine it ran on (CPU model, cores):
 
     benchmark/results/<preset>/<task>__<algorithm>__K<k>__s<seed>.csv / .json
 
@@ -25,6 +25,7 @@ import bisect
 import glob
 import json
 import os
+import platform
 import re
 import shutil
 import statistics
@@ -129,6 +130,18 @@ def code_version():
     return dict(commit=commit, modified=modified)
 
 
+def machine():
+    """The machine a run trains on: its CPU's model name (as /proc/cpuinfo gives it, else the platform's) and its
+    core count. Wall times, not numbers, depend on it."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return dict(cpu=cpu, cores=os.cpu_count())
+
+
 def write_meta(run, out_dir, code, **extra):
     """The run's JSON: its command, its place in the grid, the code it ran (`code_version`) and `extra`."""
     meta = dict(command=run.portable_command(), task=run.task, algorithm=run.algorithm, k=run.k,
@@ -162,7 +175,7 @@ def execute(run, out_dir):
             raise RuntimeError(f"{run.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
         (run_dir,) = glob.glob(os.path.join(scratch, "runs", "*"))
         write_csv(os.path.join(out_dir, run.name + ".csv"), curve_rows(run_dir), COLUMNS)
-        write_meta(run, out_dir, code=code, seconds=round(time.time() - start, 1),
+        write_meta(run, out_dir, code=code, machine=machine(), seconds=round(time.time() - start, 1),
                    finished=time.strftime("%Y-%m-%d %H:%M:%S"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -228,7 +241,8 @@ class Args:
     ten-tasks-k32-remedies (decoupled PPO with an exact-KL stop, and GePPO with GAE, at K 32 on the same four
     tasks), ten-tasks-k32-screen (decoupled PPO without its stale samples, and V-trace + decoupled clip with the KL
     stop, seed 1 of the same), ten-tasks-kl-stop (decoupled PPO with the KL stop at K 8 on the ten tasks and at K 1
-    on the four), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
+    on the four), ten-tasks-ten-seeds (seeds 4 to 10 of synchronous PPO, and of PPO, VACO and decoupled PPO at K 8,
+    on the ten tasks), ant-3m (PPO and VACO on Ant-v4 at K 8, 3 seeds, 3M steps), paper (10 tasks x every algorithm x
     K in 1,2,4,8 x 10 seeds at 1M steps)"""
     jobs: int = os.cpu_count() or 1
     """runs at a time (each run uses one core)"""
