@@ -1,6 +1,7 @@
 """What every folder of benchmark/ shares: where the repository and its results are, one reader of a run's
-TensorBoard log, one writer of a CSV of rows, a finished run set aside when its command changed, a script loaded
-beside today's (as it is, or as of a commit), and how a figure looks and is saved.
+TensorBoard log, one writer of a CSV of rows, a file written whole or not at all, a run's JSON read back, a run
+counted finished when its JSON holds its command or set aside when that command changed, a mean over seeds with its
+Student-t interval, a script loaded beside today's (as it is, or as of a commit), and how a figure looks and is saved.
 
 A script of a folder is run as a file (`python benchmark/study/run.py ...`) and imports this module, and its folder's
 modules, after one line that puts the repository root on the path:
@@ -16,6 +17,7 @@ repository root on the path); nothing under benchmark/ imports tests/.
 import csv
 import glob
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +50,27 @@ def write_csv(path, rows, columns, digits=5):
         for row in rows:
             writer.writerow({k: (f"{v:.{digits}g}" if isinstance(v, float) else v) for k, v in row.items()})
     os.replace(path + ".tmp", path)
+
+
+def write_atomic(path, text):
+    """Write `text` to `path` through a temporary file: a file that exists is whole."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def read_json(path):
+    """The JSON at `path`, or None where there is none."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def is_finished(name, command, out_dir):
+    """True when the run's JSON (out_dir/<name>.json, written last) exists and records the same `command`."""
+    meta = read_json(os.path.join(out_dir, name + ".json"))
+    return meta is not None and meta["command"] == command
 
 
 def move_stale(name, out_dir):
@@ -83,6 +106,20 @@ def import_script(path, name):
     module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def t_interval(values):
+    """Mean and 95% Student-t interval of the mean over seeds (n - 1 degrees of freedom): mean, (low, high), the
+    interval (nan, nan) for one seed. The spread of training runs, not the sampling error of each run's score."""
+    import numpy as np
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    mean = values.mean()
+    if len(values) < 2:
+        return mean, (np.nan, np.nan)
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    return mean, (mean - half, mean + half)
 
 
 # ---- figures: the size, fonts and colours of every benchmark's figures (study/plotting.py adds the study's own) ----

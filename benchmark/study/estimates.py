@@ -2,11 +2,12 @@
 runs x tasks, with 95% stratified-bootstrap percentile intervals (resampling seeds within each task), and the
 probability of improvement (rliable's number, counted here in numpy: the same floats, hundreds of times faster).
 The bootstrap is seeded, so the same CSVs always give the same intervals. Then the share of PPO's lag loss a method
-wins back, bootstrapped the same way, and Student-t intervals of a mean over seeds.
+wins back, bootstrapped the same way. (The Student-t interval of a mean over seeds is benchmark/common.py's t_interval.)
 """
 
 import numpy as np
 
+from benchmark.common import t_interval  # noqa: F401 (report.py imports it from here)
 from benchmark.study.scores import finals
 
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]
@@ -79,14 +80,3 @@ def lag_won_back(raw, tasks, k, algorithms, reps, seed, against_itself=False):
         estimates[algorithm] = point, np.percentile(samples, [2.5, 97.5], axis=0)
     return estimates
 
-
-def t_interval(values):
-    """Mean and 95% Student-t interval of the mean over seeds (n - 1 degrees of freedom)."""
-    from scipy import stats
-
-    values = np.asarray(values, dtype=float)
-    mean = values.mean()
-    if len(values) < 2:
-        return mean, (np.nan, np.nan)
-    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
-    return mean, (mean - half, mean + half)
