@@ -18,7 +18,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import grpo_vaco_gsm8k as g  # noqa: E402
-from benchmark.common import move_stale, read_scalars, tensorboard_log  # noqa: E402
+from benchmark.common import (is_finished, move_stale, read_json, read_scalars, t_interval, tensorboard_log,  # noqa: E402
+                              write_atomic)
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
@@ -999,13 +1000,25 @@ def test_grpo_study_grid_rule_and_intervals(tmp_path):
     assert "--tv-threshold DELTA" in vaco.command(None)  # listed before δ is chosen
     clip0 = study.Run("clip0_N8", 1).command(0.05)
     assert "--loss clip --clip-coef 0 " in clip0 and "--num-minibatches 8" in clip0
-    # a mean and a 95 % t-interval over 3 seeds: 2 ± 4.303 · 1/√3
-    m, lo, hi = study.t_interval([1.0, 2.0, 3.0])
-    assert (m, hi - m) == pytest.approx((2.0, 4.303 / 3 ** 0.5)) and lo == pytest.approx(2 * m - hi)
+    # a mean and a 95 % Student-t interval over seeds (benchmark/common.py's, scipy's t): 2 ± t · 1/√3 over 3 seeds,
+    # t(0.975, 2 d.o.f.) = 4.30265; over 11 seeds (0 to 10: standard error 1) t(0.975, 10) = 2.22814, not the normal 1.96
+    m, (lo, hi) = t_interval([1.0, 2.0, 3.0])
+    assert (m, hi - m, m - lo) == pytest.approx((2.0, 4.30265 / 3 ** 0.5, 4.30265 / 3 ** 0.5), rel=1e-6)
+    m, (lo, hi) = t_interval(range(11))
+    assert (m, hi - m) == pytest.approx((5.0, 2.22814), rel=1e-6)
+    m, (lo, hi) = t_interval([0.4])
+    assert m == 0.4 and math.isnan(lo) and math.isnan(hi)  # one seed: no interval
+    # the report's accuracies: in %, one decimal, the mean alone for one seed
+    assert study.fmt_percent_interval([0.3, 0.4, 0.5]) == "40.0 [15.2, 64.8]"
+    assert study.fmt_percent_interval([0.4]) == "40.0"
     # a run is finished only with its JSON holding the same command; a changed one goes to stale/
-    (tmp_path / "vaco_half_N8__s2.json").write_text(json.dumps({"command": vaco.command(0.05)}))
+    write_atomic(str(tmp_path / "vaco_half_N8__s2.json"), json.dumps({"command": vaco.command(0.05)}))
     (tmp_path / "vaco_half_N8__s2.csv").write_text("step\n")
-    assert study.is_finished(vaco, str(tmp_path), 0.05) and not study.is_finished(vaco, str(tmp_path), 0.1)
+    assert read_json(str(tmp_path / "vaco_half_N8__s2.json")) == {"command": vaco.command(0.05)}
+    assert read_json(str(tmp_path / "clip_N1__s1.json")) is None
+    assert is_finished(vaco.name, vaco.command(0.05), str(tmp_path))
+    assert not is_finished(vaco.name, vaco.command(0.1), str(tmp_path))
+    assert not is_finished("clip_N1__s1", study.Run("clip_N1", 1).command(None), str(tmp_path))  # no JSON
     move_stale(vaco.name, str(tmp_path))
     assert sorted(os.listdir(tmp_path / "stale")) == ["vaco_half_N8__s2.csv", "vaco_half_N8__s2.json"]
 

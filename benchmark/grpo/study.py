@@ -47,8 +47,8 @@ from typing import Optional
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import (FIGURE_WIDTH, FONT, OKABE_ITO, RESULTS, ROOT, move_stale, pyplot, save_figure,  # noqa: E402
-                              tensorboard_log, write_csv)
+from benchmark.common import (FIGURE_WIDTH, FONT, OKABE_ITO, RESULTS, ROOT, is_finished, move_stale, pyplot,  # noqa: E402
+                              read_json, save_figure, t_interval, tensorboard_log, write_atomic, write_csv)
 from benchmark.grpo.cpu_task import (CACHE, DATA, ONE_THREAD, delta_by_rule, smollm2_dir, task_flags,  # noqa: E402
                                      write_problems)
 
@@ -123,17 +123,6 @@ def grid(num_steps: int = NUM_STEPS, seeds=SEEDS, configs=None):
             for phase, names in PHASE_ORDER.items()}
 
 
-def t_interval(values: list) -> tuple:
-    """Mean and 95 % Student-t interval over seeds (the spread of training runs, not of the test set)."""
-    n = len(values)
-    m = statistics.mean(values)
-    if n < 2:
-        return m, math.nan, math.nan
-    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}.get(n, 1.96)
-    half = t * statistics.stdev(values) / math.sqrt(n)
-    return m, m - half, m + half
-
-
 def read_rows(run_dir: str) -> list:
     """One row per training step from a run's TensorBoard log."""
     log = tensorboard_log(run_dir)
@@ -146,27 +135,9 @@ def read_rows(run_dir: str) -> list:
     return [rows[s] for s in sorted(rows)], (accuracy[-1] if accuracy else None)
 
 
-def write_atomic(path: str, text: str):
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def read_csv(path: str) -> list:
     with open(path) as f:
         return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
-
-
-def load_json(path: str):
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def is_finished(run: Run, out_dir: str, delta) -> bool:
-    meta = load_json(os.path.join(out_dir, run.name + ".json"))
-    return meta is not None and meta["command"] == run.command(delta)
 
 
 def execute(run: Run, out_dir: str, delta) -> float:
@@ -219,7 +190,7 @@ def evaluate_start(out_dir: str):
 def choose_delta(out_dir: str, runs: list) -> dict:
     """The rule's δ from the phase-1 `clip` runs at N = 8, stored once in delta.json."""
     path = os.path.join(out_dir, "delta.json")
-    saved = load_json(path)
+    saved = read_json(path)
     if saved is not None:
         return saved
     tvs = [row[f"tv_{k}"] for r in runs for row in read_csv(os.path.join(out_dir, r.name + ".csv")) for k in range(1, N)]
@@ -244,17 +215,17 @@ def finished_runs(out_dir: str) -> dict:
     """{config: [(meta, rows), ...]} of the finished runs in out_dir, by seed."""
     found = {}
     for path in sorted(glob.glob(os.path.join(out_dir, "*__s*.json"))):
-        meta = load_json(path)
+        meta = read_json(path)
         rows = read_csv(path[: -len(".json")] + ".csv")
         found.setdefault(meta["config"], []).append((meta, rows))
     return found
 
 
-def fmt_interval(values: list, scale: float = 100.0) -> str:
-    m, lo, hi = t_interval(values)
-    if math.isnan(lo):
-        return f"{scale * m:.1f}"
-    return f"{scale * m:.1f} [{scale * lo:.1f}, {scale * hi:.1f}]"
+def fmt_percent_interval(values: list) -> str:
+    """The mean of fractions over seeds and its 95 % Student-t interval, in % to one decimal (the mean alone for one
+    seed)."""
+    m, (lo, hi) = t_interval(values)
+    return f"{100 * m:.1f}" if math.isnan(lo) else f"{100 * m:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def fmt_range(values: list, scale: float = 100.0) -> str:
@@ -263,8 +234,8 @@ def fmt_range(values: list, scale: float = 100.0) -> str:
 
 def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
     runs = finished_runs(out_dir)
-    before = load_json(os.path.join(out_dir, "before.json"))
-    delta = load_json(os.path.join(out_dir, "delta.json"))
+    before = read_json(os.path.join(out_dir, "before.json"))
+    delta = read_json(os.path.join(out_dir, "delta.json"))
     acc0 = before["accuracy_before"] if before else math.nan
     lines = ["GRPO forward-lag study on the CPU (SmolLM2-135M-Instruct, generated arithmetic problems), written by "
              "`python benchmark/grpo/study.py --report` from the finished runs in benchmark/results/grpo_study/. "
@@ -285,7 +256,8 @@ def report(out_dir: str, figures_dir: Optional[str] = None) -> str:
         first = [statistics.mean(r["reward"] for r in rows[:2]) for _, rows in runs[c]]
         last = [statistics.mean(r["reward"] for r in rows[-2:]) for _, rows in runs[c]]
         seeds = " ".join(str(m["seed"]) for m, _ in runs[c])
-        lines.append(f"| {LABELS[c]} | {seeds} | {fmt_interval(accs)} | {fmt_interval([a - acc0 for a in accs])} | "
+        lines.append(f"| {LABELS[c]} | {seeds} | {fmt_percent_interval(accs)} | "
+                     f"{fmt_percent_interval([a - acc0 for a in accs])} | "
                      f"{', '.join(f'{100 * a:.1f}' for a in accs)} | {fmt_range(first)} | {fmt_range(last)} |")
     # the lag and what each rule did, per minibatch index k, over all steps and seeds
     n8 = [c for c in order if c != "clip_N1"]
@@ -395,7 +367,7 @@ def main(args: Args):
     if any(c.startswith("vaco") for c in args.configs or []) and "clip_N8" not in args.configs:
         sys.exit("error: a vaco config needs clip_N8 too: δ is chosen from its runs")
     phases = grid(args.num_steps, args.seeds or SEEDS, args.configs)
-    saved_delta = load_json(os.path.join(out_dir, "delta.json"))
+    saved_delta = read_json(os.path.join(out_dir, "delta.json"))
     delta = saved_delta["delta"] if saved_delta else None
     if args.list:
         for phase, runs in phases.items():
@@ -439,7 +411,7 @@ def main(args: Args):
                           f"{(time.time() - start) / 3600:.2f} h | this phase's ETA {eta / 3600:.2f} h", flush=True)
                     write_atomic(os.path.join(out_dir, "report.md"), report(out_dir))
 
-    todo1 = [r for r in phases[1] if not is_finished(r, out_dir, None)]
+    todo1 = [r for r in phases[1] if not is_finished(r.name, r.command(None), out_dir)]
     if not os.path.exists(os.path.join(out_dir, "before.json")):
         todo1.insert(0, "before")  # a few minutes, and the report's baseline from the first run on
     print(f"[grpo study] phase 1: {len(phases[1])} runs, {len(todo1)} to go, {args.jobs} at a time -> {out_dir}", flush=True)
@@ -448,10 +420,10 @@ def main(args: Args):
     if not phases[2]:
         write_atomic(os.path.join(out_dir, "report.md"), report(out_dir, args.figures_dir))
         return
-    if not all(is_finished(r, out_dir, None) for r in clip8):
+    if not all(is_finished(r.name, r.command(None), out_dir) for r in clip8):
         sys.exit("error: phase 1 is incomplete (a clip_N8 run failed): δ cannot be chosen yet")
     delta = choose_delta(out_dir, clip8)["delta"]
-    todo2 = [r for r in phases[2] if not is_finished(r, out_dir, delta)]
+    todo2 = [r for r in phases[2] if not is_finished(r.name, r.command(delta), out_dir)]
     print(f"[grpo study] phase 2 (δ = {delta:g}): {len(todo2)} jobs to go", flush=True)
     run_all(todo2, delta)
     write_atomic(os.path.join(out_dir, "report.md"), report(out_dir, args.figures_dir))
