@@ -30,7 +30,8 @@ DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 SCRIPTS = sorted(ROOT.glob("*.py"))
 # Pages that document a script completely: every option with its default, every logged metric.
-REFERENCE_PAGES = {"ppo_continuous.py": "ppo_continuous.md", "vaco_continuous.py": "vaco_continuous.md"}
+REFERENCE_PAGES = {"ppo_continuous.py": "ppo_continuous.md", "decoupled_ppo_continuous.py": "decoupled_ppo_continuous.md",
+                   "vaco_continuous.py": "vaco_continuous.md"}
 # Pages whose option table lists every option with its default (the metrics of the GRPO script are
 # logged under computed names, so its page is checked for its options only).
 OPTION_PAGES = {**REFERENCE_PAGES, "grpo_vaco_gsm8k.py": "grpo_vaco_gsm8k.md"}
@@ -319,8 +320,16 @@ def test_every_benchmark_command_in_the_docs_names_a_script_and_options_it_has()
                     f"{where}: {script} has no option {flag}"
 
 
+def not_an_option(value):
+    """A dataclass field that the command line cannot set: `field(..., init=False)`."""
+    return (isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field"
+            and any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
+                    for k in value.keywords))
+
+
 def script_options(script):
-    """{--flag: default} of the script's Args dataclass; default is ... when it is not a literal."""
+    """{--flag: default} of the script's Args dataclass; default is ... when it is not a literal. Fields the script
+    computes at the start (`field(init=False)`, or documented as computed in runtime) are not options."""
     tree = ast.parse(read(ROOT / script))
     args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
     options, body = {}, args.body
@@ -328,7 +337,7 @@ def script_options(script):
         if not isinstance(node, ast.AnnAssign):
             continue
         doc = body[k + 1].value.value if k + 1 < len(body) and isinstance(body[k + 1], ast.Expr) else ""
-        if "computed in runtime" in str(doc):
+        if "computed in runtime" in str(doc) or not_an_option(node.value):
             continue
         try:
             default = ast.literal_eval(node.value)
