@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tyro
 
-from benchmark.common import move_stale, write_csv
+from benchmark.common import import_script, move_stale, script_at, write_csv
 from benchmark.study import analyze, estimates, plotting, presets, scores
 from benchmark.study import run as runner
 from benchmark.study.report import incomplete_line
@@ -335,7 +335,7 @@ def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(
     iqms = [float(row[1].split(" ")[0]) for row in rows]
     assert iqms[:-1] == sorted(iqms[:-1], reverse=True)  # the recommendation first
     by_name = {row[0]: row for row in rows}
-    assert by_name["decoupled PPO"][-1] == "`python ppo_continuous.py --policy-buffer 8 --clip-reference proximal`"
+    assert by_name["decoupled PPO"][-1] == "`python decoupled_ppo_continuous.py --policy-buffer 8`"
     assert by_name["VACO against π_T"][-1] == "`python vaco_continuous.py --policy-buffer 8 --tv-reference proximal`"
     assert by_name["GePPO"][-1] == "`python geppo_continuous.py --policy-buffer 8`"  # its flags are its defaults
     assert by_name["V-trace + decoupled clip"][-1] == \
@@ -692,7 +692,8 @@ def test_ten_tasks_preset_is_ppo_and_vaco_at_k_1_and_8_then_decoupled_ppo_at_k_8
     proximal = presets.grid("ten-tasks-proximal")  # beside them, in the same folder: VACO's filter against pi_T
     assert {(r.task, r.seed, r.steps) for r in proximal} == {(r.task, r.seed, r.steps) for r in decoupled}
     assert {(r.algorithm, r.k) for r in proximal} == {("vaco-proximal-0.1", 8)}
-    assert presets.ALGORITHMS["ppo-decoupled"] == ("ppo_continuous.py", ["--clip-reference", "proximal"])
+    assert presets.METHODS["ppo-decoupled"].spellings() == [("decoupled_ppo_continuous.py", ()),
+                                                            ("ppo_continuous.py", ("--clip-reference", "proximal"))]
     assert {r.task for r in runs[:40]} == set(presets.PAPER_TASKS)
 
 
@@ -714,12 +715,17 @@ def test_paper_preset_covers_every_algorithm_lag_and_task():
                                                range(1, 11)))
 
 
-@pytest.mark.parametrize("algorithm", sorted(presets.ALGORITHMS))
-def test_every_algorithm_is_a_valid_command_of_its_script(algorithm):
-    # parsed by the script's own parser: a misspelt or retired flag fails here, not hours into a study
-    script, flags = presets.ALGORITHMS[algorithm]
-    module = importlib.import_module(script[: -len(".py")])
-    args = tyro.cli(module.Args, args=flags)
+@pytest.mark.parametrize("algorithm", sorted(presets.METHODS))
+def test_every_algorithm_is_a_valid_command_of_its_script(algorithm, tmp_path):
+    # parsed by the script's own parser, a retired method's by its script as of its commit: a misspelt or retired flag
+    # fails here, not hours into a study
+    method = presets.METHODS[algorithm]
+    if method.retired_at:
+        path = script_at(method.retired_at, method.script, tmp_path) or pytest.skip("git or that commit not at hand")
+        module = import_script(path, f"{method.script[: -len('.py')]}_at_{method.retired_at}")
+    else:
+        module = importlib.import_module(method.script[: -len(".py")])
+    args = tyro.cli(module.Args, args=list(method.flags))
     expected = {  # what the ablations switch off, and nothing else
         "vaco": dict(advantage_alignment=True, tv_filter=True, clip_vloss=False, tv_threshold=0.1),
         "vaco-noalign": dict(advantage_alignment=False, tv_filter=True, clip_vloss=False),
@@ -745,7 +751,8 @@ def test_finished_runs_are_skipped_and_changed_ones_kept_aside(tmp_path):
 
 def test_a_run_that_trains_like_a_finished_one_reuses_its_results(tmp_path):
     # "vaco" spells out the flags of one of the delta-sweep variants: the same training, another name
-    (twin,) = [a for a in presets.ALGORITHMS if a != "vaco" and presets.ALGORITHMS[a] == presets.ALGORITHMS["vaco"]]
+    training = {a: (m.script, m.flags) for a, m in presets.METHODS.items()}
+    (twin,) = [a for a in training if a != "vaco" and training[a] == training["vaco"]]
     trained_by = dict(commit="a" * 40, modified=[])
     finished = write_run(str(tmp_path), "Hopper-v4", twin, 8, 2, [1.0, 2.0, 3.0], code=trained_by)
     run = presets.Run("Hopper-v4", "vaco", 8, 2, finished.steps)
@@ -756,6 +763,138 @@ def test_a_run_that_trains_like_a_finished_one_reuses_its_results(tmp_path):
     assert meta["same_training_as"] == finished.name and meta["code"] == trained_by  # the twin's code, not today's
     other_seed = presets.Run("Hopper-v4", "vaco", 8, 3, finished.steps)
     assert runner.find_twin(other_seed, str(tmp_path)) is None
+
+
+def test_a_run_recorded_in_an_earlier_spelling_of_its_method_is_finished(tmp_path, monkeypatch, capsys):
+    # decoupled PPO was ppo_continuous.py --clip-reference proximal before it had a script of its own: a run recorded
+    # so is the same training, neither set aside as stale nor trained again
+    folder = str(tmp_path)
+    old = ("python ppo_continuous.py --env-id Ant-v4 --policy-buffer 8 --seed 4 --total-timesteps 2000 "
+           "--exp-name ppo-decoupled --clip-reference proximal")
+    run = write_run(folder, "Ant-v4", "ppo-decoupled", 8, 4, [1.0, 2.0])
+    (tmp_path / f"{run.name}.json").write_text(json.dumps({**json.loads((tmp_path / f"{run.name}.json").read_text()),
+                                                           "command": old}))
+    assert run.portable_commands() == ["python decoupled_ppo_continuous.py --env-id Ant-v4 --policy-buffer 8 --seed 4 "
+                                       "--total-timesteps 2000 --exp-name ppo-decoupled", old]
+    files = {name: (tmp_path / name).read_text() for name in os.listdir(folder)}
+    assert runner.is_finished(run, folder) and runner.execute(run, folder) == 0.0
+    monkeypatch.setattr(runner, "execute", lambda run, out_dir: pytest.fail(f"{run.name} trained again"))
+    runner.main(runner.Args(preset="ten-tasks-ten-seeds", algorithms=["ppo-decoupled"], tasks=["Ant-v4"], ks=[8],
+                            seeds=[4], total_timesteps=run.steps, out_dir=folder))
+    assert "1 runs, 1 already finished, 0 to go" in capsys.readouterr().out
+    assert {name: (tmp_path / name).read_text() for name in os.listdir(folder)} == files  # no stale/, none rewritten
+    # a run of another name recorded in the earlier spelling trains as decoupled PPO's seed 5: its twin, reused
+    twin = "Ant-v4__clip-proximal__K8__s5"
+    for ext, text in ((".csv", files[f"{run.name}.csv"]),
+                      (".json", json.dumps(dict(command=old.replace("--seed 4", "--seed 5").replace(
+                          "--exp-name ppo-decoupled", "--exp-name clip-proximal"), code=None)))):
+        (tmp_path / f"{twin}{ext}").write_text(text)
+    seed_5 = presets.Run("Ant-v4", "ppo-decoupled", 8, 5, run.steps)
+    assert runner.find_twin(seed_5, folder) == os.path.join(folder, twin)
+    monkeypatch.undo()  # the runner's own execute
+    assert runner.execute(seed_5, folder) == 0.0
+    meta = json.loads((tmp_path / f"{seed_5.name}.json").read_text())
+    assert meta["same_training_as"] == twin and meta["command"] == seed_5.portable_command()
+    assert (tmp_path / f"{seed_5.name}.csv").read_text() == files[f"{run.name}.csv"]
+
+
+def test_a_retired_method_trains_with_its_script_as_of_its_commit(tmp_path, monkeypatch):
+    # the KL stop's flag is gone from today's scripts: the runner writes ppo_continuous.py as of the last commit that
+    # had it into the run's scratch folder and trains that, and the run's JSON records the command its finished runs
+    # hold. Training is stood in for: what it ran is recorded, and it logs one update.
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = presets.Run("Hopper-v4", "ppo-decoupled-kl-0.015", 32, 1, 2048)
+    shown = subprocess.run(["git", "show", f"{presets.RETIRED_AT}:ppo_continuous.py"], cwd=runner.ROOT,
+                           capture_output=True, text=True)
+    if shown.returncode:
+        pytest.skip("git, or the retired methods' commit, is not at hand")
+    trained, real_run = [], subprocess.run
+
+    def training(command, **kwargs):
+        if command[0] == "git":  # the runner's record of its code, and the retired script's
+            return real_run(command, **kwargs)
+        with open(command[1]) as f:
+            trained.append((command, f.read(), kwargs["cwd"]))
+        writer = SummaryWriter(os.path.join(kwargs["cwd"], "runs", "stand-in"))
+        writer.add_scalar("charts/episodic_return", 5.0, 1000)
+        writer.add_scalar("charts/SPS", 100.0, 2048)
+        writer.close()
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", training)
+    runner.execute(run, str(tmp_path))
+    ((command, script, scratch),) = trained
+    assert command[1] == os.path.join(scratch, "ppo_continuous.py") and script == shown.stdout
+    assert command[2:] == ["--env-id", "Hopper-v4", "--policy-buffer", "32", "--seed", "1", "--total-timesteps", "2048",
+                           "--exp-name", "ppo-decoupled-kl-0.015", "--clip-reference", "proximal", "--max-update-kl",
+                           "0.015"]
+    meta = json.loads((tmp_path / f"{run.name}.json").read_text())
+    assert meta["command"] == ("python ppo_continuous.py --env-id Hopper-v4 --policy-buffer 32 --seed 1 "
+                               "--total-timesteps 2048 --exp-name ppo-decoupled-kl-0.015 --clip-reference proximal "
+                               "--max-update-kl 0.015")
+    assert meta["script_as_of"] == presets.RETIRED_AT and runner.is_finished(run, str(tmp_path))
+    assert (tmp_path / f"{run.name}.csv").read_text().splitlines()[1].startswith("2048,1,5,")
+    # a method of today's scripts trains with the script at the repository root
+    today = presets.Run("Hopper-v4", "ppo", 32, 1, 2048)
+    runner.execute(today, str(tmp_path))
+    assert trained[-1][0][1] == os.path.join(runner.ROOT, "ppo_continuous.py")
+    assert "script_as_of" not in json.loads((tmp_path / f"{today.name}.json").read_text())
+
+
+def test_the_list_fetches_a_retired_methods_script_first(capsys):
+    runner.main(runner.Args(preset="ten-tasks-k32-screen", algorithms=["ppo-decoupled-lag-8"], tasks=["Ant-v4"],
+                            list=True))
+    fetch, train = capsys.readouterr().out.strip().split(" && python ")
+    assert fetch == (f'folder=$(mktemp -d) && git show {presets.RETIRED_AT}:ppo_continuous.py > '
+                     '"$folder/ppo_continuous.py"')
+    assert train == ('"$folder/ppo_continuous.py" --env-id Ant-v4 --policy-buffer 32 --seed 1 --total-timesteps 1000000 '
+                     '--exp-name ppo-decoupled-lag-8 --clip-reference proximal --max-policy-lag 8')
+    # run by a shell at the repository root, its first part writes that commit's script, which has the option
+    shown = subprocess.run(["sh", "-c", f'{fetch} && cat "$folder/ppo_continuous.py" && rm -r "$folder"'],
+                           cwd=runner.ROOT, capture_output=True, text=True)
+    if shown.returncode:
+        pytest.skip("git, or the retired methods' commit, is not at hand")
+    assert "max_policy_lag" in shown.stdout
+    runner.main(runner.Args(preset="ten-tasks-k32", algorithms=["ppo-decoupled"], tasks=["Ant-v4"], list=True))
+    assert capsys.readouterr().out.splitlines() == [
+        f"python decoupled_ppo_continuous.py --env-id Ant-v4 --policy-buffer 32 --seed {seed} --total-timesteps 1000000 "
+        "--exp-name ppo-decoupled" for seed in (1, 2, 3)]
+
+
+def test_same_runs_runs_a_method_as_the_reference_commit_spells_it(tmp_path):
+    from benchmark.study import same_runs
+
+    # the retired methods' commit is before decoupled_ppo_continuous.py: decoupled PPO is a flag of PPO's script there
+    found = same_runs.reference_spellings(["ppo-decoupled", "ppo"], presets.RETIRED_AT, str(tmp_path))
+    if not found:
+        pytest.skip("git, or the retired methods' commit, is not at hand")
+    script = os.path.join(str(tmp_path), "ppo_continuous.py")
+    assert found == {"ppo-decoupled": (script, ("--clip-reference", "proximal")), "ppo": (script, ())}
+    assert sorted(os.listdir(tmp_path)) == ["ppo_continuous.py"]
+    with pytest.raises(SystemExit, match="ppo-decoupled-lag-8: retired, trained by the scripts as of 56b86c9"):
+        same_runs.main(same_runs.Args(reference=presets.RETIRED_AT, algorithms=["ppo", "ppo-decoupled-lag-8"]))
+
+
+def test_every_method_has_one_record_and_an_algorithm_without_one_is_an_error():
+    import matplotlib.markers
+
+    for grouped in (presets.MAIN_ALGORITHMS, presets.LAG_METHODS, presets.REMEDIES, presets.SWEEP):
+        assert set(grouped) <= set(presets.METHODS)
+    assert all(presets.METHODS[a].parts for a in ["ppo", *presets.LAG_METHODS])  # the trust-region section's columns
+    for method in presets.METHODS.values():
+        assert method.colour in plotting.OKABE_ITO and method.marker in matplotlib.markers.MarkerStyle.markers
+    assert (plotting.colour("geppo-gae"), plotting.marker("geppo-gae")) == (plotting.OKABE_ITO["black"], "X")
+    # VACO against pi_T is a method under lag of its own, and a variant of the delta sweep beside the others
+    assert plotting.name("vaco-proximal-0.1") == r"VACO against $\pi_T$"
+    assert plotting.name("vaco-proximal-0.1", presets.SWEEP) == r"VACO, δ = 0.1 against $\pi_T$"
+    assert plotting.colour("vaco-proximal-0.1", ["vaco-behaviour-0.1", "vaco-proximal-0.1"]) == plotting.OKABE_ITO["sky"]
+    for use in (plotting.colour, plotting.marker, plotting.name, lambda a: presets.Run("Ant-v4", a, 1, 1, 10).command(),
+                lambda a: incomplete_line({a: (1, 3)}, 8)):
+        with pytest.raises(LookupError) as error:
+            use("ppo-clipped")
+        assert str(error.value) == ("no record of the method 'ppo-clipped' in benchmark/study/presets.py's METHODS "
+                                    "(CONTRIBUTING.md, 'Add a question to the study')")
 
 
 def test_a_run_finished_meanwhile_by_another_process_is_not_trained_again(tmp_path, monkeypatch):
@@ -782,7 +921,7 @@ def test_study_vaco_is_the_scripts_default():
     import vaco_async
     import vaco_continuous
 
-    flags = presets.ALGORITHMS["vaco"][1]
+    flags = presets.METHODS["vaco"].flags
     for module in (vaco_continuous, vaco_async):
         assert float(flags[flags.index("--tv-threshold") + 1]) == module.Args.tv_threshold
         assert flags[flags.index("--tv-reference") + 1] == module.Args.tv_reference

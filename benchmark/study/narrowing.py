@@ -6,7 +6,7 @@ for reference, synchronous PPO, and what they show, as report.md and a figure.
 
 Each run writes <task>__<algorithm>__K<k>.csv into benchmark/results/lag-by-age/ (lag_by_age.py's columns: one row
 per update and snapshot age, and one per update for the whole batch); the algorithms are the study's
-(presets.ALGORITHMS), with their flags.
+(presets.METHODS), with their flags.
 """
 
 import csv
@@ -25,7 +25,7 @@ import tyro
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import RESULTS, ROOT  # noqa: E402
 from benchmark.study import plotting  # noqa: E402
-from benchmark.study.presets import ALGORITHMS  # noqa: E402
+from benchmark.study.presets import method  # noqa: E402
 from benchmark.study.report import marked  # noqa: E402
 
 FOLDER = os.path.join(RESULTS, "lag-by-age")
@@ -43,7 +43,7 @@ def csv_path(task, algorithm, k):
 
 
 def command(task, algorithm, k, out):
-    script, flags = ALGORITHMS[algorithm]
+    script, flags = method(algorithm).script, method(algorithm).flags
     return [sys.executable, os.path.join(ROOT, "benchmark", "study", "lag_by_age.py"), script, "--out", out, "--",
             "--env-id", task, "--policy-buffer", str(k), "--seed", "1", "--total-timesteps", "1000000",
             "--exp-name", algorithm, *flags]
@@ -121,7 +121,7 @@ def report(figures_dir=None):
              "|-|-|-|-|-|-|-|-|"]
     for t, a, k in stale:
         for b in by_age(found[(t, a, k)]):
-            table.append(f"| {t} | {plotting.NAMES[a]} | {b['ages']} | {b['share']:.2f} | {b['advantage']:+.2f} | "
+            table.append(f"| {t} | {method(a).name} | {b['ages']} | {b['share']:.2f} | {b['advantage']:+.2f} | "
                          f"{b['abs_z']:.2f} | {b['weight']:.2f} | {b['push']:.2f} |")
     lines += marked("narrowing_by_age", table)
     lines += ["## The update, from its first step to its last epoch", ""]
@@ -133,7 +133,7 @@ def report(figures_dir=None):
              "narrower though pushed wider | KL, means | KL, std |", "|-|-|-|-|-|-|-|-|-|-|"]
     for t, a, k in found:
         u = per_update(found[(t, a, k)])
-        table.append(f"| {t} | {plotting.NAMES[a]} | {k} | {u['first_epoch']:+.4f} | {u['update']:+.4f} | {u['push']:+.4f} | "
+        table.append(f"| {t} | {method(a).name} | {k} | {u['first_epoch']:+.4f} | {u['update']:+.4f} | {u['push']:+.4f} | "
                      f"{u['push_centred']:+.4f} | {u['fell_when_wider']:.2f} | {u['kl_mean']:.4f} | "
                      f"{u['kl_std']:.5f} |")
     lines += marked("narrowing_update", table)
@@ -151,7 +151,7 @@ def figure(found, path):
     plt = plotting.pyplot()
     palette = [plotting.OKABE_ITO[c] for c in ("blue", "vermillion", "green", "orange", "sky", "purple", "black")]
     colours = {key: palette[i % len(palette)] for i, key in enumerate(found)}
-    label = lambda t, a, k: f"{t.split('-')[0]}, {plotting.NAMES[a]}, K = {k}"  # noqa: E731
+    label = lambda t, a, k: f"{t.split('-')[0]}, {method(a).name}, K = {k}"  # noqa: E731
     with plt.rc_context(plotting.FONT):
         fig, axes = plt.subplots(2, 2, figsize=(plotting.FIGURE_WIDTH, 7.4), layout="constrained")
         for key, rows in found.items():

@@ -4,8 +4,8 @@ benchmark's (benchmark/common.py: 6.4 in wide, text of at least MIN_FONT_PT, 10 
 
 At most two panels a row; every axis labelled, legends outside the data, algorithms under their names on the pages
 (`name`), not their ids in the study; colours from Okabe and Ito's palette, which colour-blind readers tell apart, and a
-marker each. `save` records the smallest font and the resolution in the PNG (`min-font-pt`, `dpi`), and
-.ci/check_pages.py checks how large that text is on the pages.
+marker each, all from the methods' records (presets.METHODS). `save` records the smallest font and the resolution in
+the PNG (`min-font-pt`, `dpi`), and .ci/check_pages.py checks how large that text is on the pages.
 """
 
 import os
@@ -16,46 +16,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmark.common import FIGURE_DPI, FIGURE_WIDTH, FONT, MIN_FONT_PT, OKABE_ITO, pyplot, save_figure  # noqa: F401
-from benchmark.study.presets import LAG_METHODS, MAIN_ALGORITHMS, REMEDIES
+from benchmark.study.presets import MAIN_ALGORITHMS, SWEEP_PALETTE, method
 from benchmark.study.scores import slice_scores
-
-# one colour per algorithm in every figure; two algorithms share one only when no figure shows both (the 300k study's
-# baselines and ablations, the ten tasks' methods under lag)
-COLOURS = {"ppo": OKABE_ITO["blue"], "vaco": OKABE_ITO["vermillion"], "ppo-decoupled": OKABE_ITO["green"],
-           "vtrace-decoupled": OKABE_ITO["sky"], "vaco-proximal-0.1": OKABE_ITO["orange"], "geppo": OKABE_ITO["purple"],
-           "geppo-gae": OKABE_ITO["black"], "ppo-kl": OKABE_ITO["sky"], "spo": OKABE_ITO["purple"],
-           "vaco-noalign": OKABE_ITO["orange"], "vaco-nofilter": OKABE_ITO["green"], "vaco-none": OKABE_ITO["black"],
-           "ppo-decoupled-kl-0.015": OKABE_ITO["orange"], "ppo-decoupled-lag-8": OKABE_ITO["yellow"],
-           "vtrace-decoupled-kl-0.015": OKABE_ITO["purple"]}
-# and a marker each, so that a line or a point is told by its shape too
-MARKERS = {"ppo": "o", "vaco": "s", "ppo-decoupled": "D", "vtrace-decoupled": "^", "vaco-proximal-0.1": "v",
-           "geppo": "P", "geppo-gae": "X", "ppo-kl": "^", "spo": "P", "vaco-noalign": "v", "vaco-nofilter": "D",
-           "vaco-none": "X", "ppo-decoupled-kl-0.015": "v", "ppo-decoupled-lag-8": "P", "vtrace-decoupled-kl-0.015": "^"}
-SWEEP_COLOURS = [OKABE_ITO[c] for c in ("green", "sky", "black", "purple", "orange", "yellow")]
-# the algorithms' names on the pages
-NAMES = {"ppo": "PPO", "ppo-kl": "PPO-KL", "spo": "SPO", "vaco": "VACO", "vaco-noalign": "VACO, no alignment",
-         "vaco-nofilter": "VACO, no filter", "vaco-none": "VACO, neither part", **LAG_METHODS, **REMEDIES}
 
 
 def colour(algorithm, sweep=()):
-    """An algorithm's colour; a sweep's variants take the sweep's palette, in their order."""
+    """An algorithm's colour (its record's, presets.METHODS); a sweep's variants take the sweep's palette, in their
+    order."""
     if algorithm in sweep:
-        return SWEEP_COLOURS[sorted(sweep).index(algorithm) % len(SWEEP_COLOURS)]
-    return COLOURS.get(algorithm, "grey")
+        return OKABE_ITO[SWEEP_PALETTE[sorted(sweep).index(algorithm) % len(SWEEP_PALETTE)]]
+    return OKABE_ITO[method(algorithm).colour]
 
 
 def marker(algorithm, sweep=()):
-    return "o" if algorithm in sweep else MARKERS.get(algorithm, "o")
+    return "o" if algorithm in sweep else method(algorithm).marker
 
 
 def name(algorithm, sweep=()):
     """An algorithm's name in a figure: "decoupled PPO", not "ppo-decoupled"; a sweep's variant by its threshold and
     reference ("VACO, δ = 0.2 against β"); π_T drawn as maths."""
-    if algorithm in sweep or (algorithm.startswith(("vaco-behaviour-", "vaco-proximal-")) and algorithm not in NAMES):
-        reference, delta = algorithm.split("-")[1:]
-        text = f"VACO, δ = {delta} against {'β' if reference == 'behaviour' else 'π_T'}"
-    else:
-        text = NAMES.get(algorithm, algorithm)
+    text = method(algorithm).sweep_name if algorithm in sweep else method(algorithm).name
     return text.replace("π_T", r"$\pi_T$").replace("π_θ", r"$\pi_\theta$")
 
 

@@ -3,9 +3,7 @@ page includes it (pymdownx.snippets), numbers with their intervals, and the line
 """
 
 from benchmark.study.estimates import t_interval
-from benchmark.study.presets import LAG_METHODS, REMEDIES
-
-NAMES = {**LAG_METHODS, **REMEDIES}  # the methods a block of runs still running may be of
+from benchmark.study.presets import method
 
 
 def marked(name, lines):
@@ -45,5 +43,5 @@ def interval_cell(values):
 def incomplete_line(partial, k):
     """The line under a table that names the blocks of runs at K = k still running ({algorithm: (runs, planned)})."""
     return [f"Incomplete at K = {k}, in no table here: " + ", ".join(
-        f"{NAMES.get(a, a)} ({runs} of {expected} runs)" for a, (runs, expected) in partial.items()) + ".", ""] \
+        f"{method(a).name} ({runs} of {expected} runs)" for a, (runs, expected) in partial.items()) + ".", ""] \
         if partial else []

@@ -15,7 +15,11 @@ ran (the commit, and the Python files that differed from it) and the machine it 
 
 The JSON is written last, so a run counts as finished when it exists and holds the same command.
 Re-running skips finished runs: an interrupted study resumes where it stopped. A finished run
-whose command has changed (e.g. an algorithm's flags were edited) is moved to `stale/` and run again.
+whose command has changed (e.g. an algorithm's flags were edited) is moved to `stale/` and run again;
+one recorded with an earlier spelling of its method (presets.Method.earlier: decoupled PPO was
+`ppo_continuous.py --clip-reference proximal`) is the same training, and stays. A retired method, whose flags
+the scripts have dropped (presets.Method.retired_at), trains with its script as of the last commit that
+had them, written into the run's scratch folder; its JSON records the same command, and that commit.
 A run stopped halfway is lost, so a sitting with a fixed end (a Slurm job's wall time, a shared
 machine's booking) should pass `--time-limit`: the study then starts only runs that it expects to
 end in time, shorter ones first once the next in line would not, and exits when none fits.
@@ -41,8 +45,8 @@ from typing import Optional
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmark.common import RESULTS, ROOT, move_stale, tensorboard_log, write_csv  # noqa: E402
-from benchmark.study.presets import ALGORITHMS, FOLDERS, PRESETS, grid, training_command  # noqa: E402
+from benchmark.common import RESULTS, ROOT, move_stale, script_at, tensorboard_log, write_csv  # noqa: E402
+from benchmark.study.presets import FOLDERS, METHODS, PRESETS, grid, method, training_command  # noqa: E402
 
 # Per-update columns of the CSV: TensorBoard tag -> column. Missing tags are left empty.
 DIAGNOSTICS = {
@@ -67,12 +71,13 @@ COLUMNS = ["step", "episodes", "return_mean"] + list(DIAGNOSTICS.values())
 
 def find_twin(run, out_dir):
     """A finished run in out_dir that trained exactly as `run` would (another name, same training
-    command), e.g. "vaco" and the sweep variant whose flags it shares. None if there is none."""
-    target = training_command(run.portable_command())
+    command, in any spelling of the method's), e.g. "vaco" and the sweep variant whose flags it shares.
+    None if there is none."""
+    targets = {training_command(command) for command in run.portable_commands()}
     for path in sorted(glob.glob(os.path.join(out_dir, "*.json"))):
         with open(path) as f:
             meta = json.load(f)
-        if "command" in meta and training_command(meta["command"]) == target:
+        if "command" in meta and training_command(meta["command"]) in targets:
             return path[: -len(".json")]
     return None
 
@@ -88,12 +93,13 @@ def select(runs, algorithms=None, tasks=None, ks=None, shard=None, seeds=None):
 
 
 def is_finished(run, out_dir):
-    """True when the run's JSON exists and records the same command."""
+    """True when the run's JSON exists and records the same command, today's or an earlier spelling of the
+    method's (decoupled PPO's runs as `ppo_continuous.py --clip-reference proximal`)."""
     path = os.path.join(out_dir, run.name + ".json")
     if not os.path.exists(path):
         return False
     with open(path) as f:
-        return json.load(f)["command"] == run.portable_command()
+        return json.load(f)["command"] in run.portable_commands()
 
 
 def curve_rows(run_dir):
@@ -155,7 +161,8 @@ def write_meta(run, out_dir, code, **extra):
 def execute(run, out_dir):
     """Train one run in a scratch folder; keep its CSV and JSON, drop the rest. A run that another
     process (a shard, a second study) finished meanwhile is skipped, and one whose twin (same training
-    command) has finished reuses the twin's results. Returns seconds taken."""
+    command) has finished reuses the twin's results. A retired method trains with its script as of its commit
+    (`retired_script`). Returns seconds taken."""
     start = time.time()
     if is_finished(run, out_dir):
         return 0.0
@@ -169,17 +176,30 @@ def execute(run, out_dir):
         return 0.0
     scratch = tempfile.mkdtemp(prefix=run.name + ".", dir=os.path.join(RESULTS, "tmp"))
     code = code_version()  # as the run starts: an edit made while it trains is not its code
+    retired_at = method(run.algorithm).retired_at
+    retired = {"script_as_of": retired_at} if retired_at else {}  # in the JSON: the commit whose script trained it
     try:
-        proc = subprocess.run(run.command(), cwd=scratch, capture_output=True, text=True)
+        script = retired_script(run, scratch) if retired_at else None  # None: today's script
+        proc = subprocess.run(run.command(script), cwd=scratch, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{run.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
         (run_dir,) = glob.glob(os.path.join(scratch, "runs", "*"))
         write_csv(os.path.join(out_dir, run.name + ".csv"), curve_rows(run_dir), COLUMNS)
         write_meta(run, out_dir, code=code, machine=machine(), seconds=round(time.time() - start, 1),
-                   finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+                   finished=time.strftime("%Y-%m-%d %H:%M:%S"), **retired)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return time.time() - start
+
+
+def retired_script(run, folder):
+    """The script of a retired method, as of the commit that had its flags, written into `folder`: its path."""
+    m = method(run.algorithm)
+    path = script_at(m.retired_at, m.script, folder)
+    if path is None:
+        raise RuntimeError(f"{run.name}: {run.algorithm} is retired and trains with {m.script} as of {m.retired_at}, "
+                           "which git cannot show here (no git, or a clone without that commit)")
+    return path
 
 
 def format_duration(seconds):
@@ -264,15 +284,16 @@ class Args:
     """wall time this sitting may take, e.g. 2h45m (a little under a Slurm job's): start only runs
     expected to end in time, each task at the slowest pace its finished runs have shown"""
     list: bool = False  # (last: the name shadows the builtin `list` in the annotations after it)
-    """print one shell command per run (from the repository root) and exit"""
+    """print one shell command per run (from the repository root) and exit; a retired method's first has git
+    write its script as of its commit into a temporary folder"""
 
 
 def check_args(args):
     if args.preset not in PRESETS:
         sys.exit(f"error: unknown preset '{args.preset}' (choose from {', '.join(PRESETS)})")
-    unknown = sorted(set(args.algorithms or []) - set(ALGORITHMS))
+    unknown = sorted(set(args.algorithms or []) - set(METHODS))
     if unknown:
-        sys.exit(f"error: unknown algorithm(s) {', '.join(unknown)} (choose from {', '.join(ALGORITHMS)})")
+        sys.exit(f"error: unknown algorithm(s) {', '.join(unknown)} (choose from {', '.join(METHODS)})")
     if args.shard:
         try:
             i, n = (int(x) for x in args.shard.split("/"))
@@ -295,7 +316,7 @@ def main(args: Args):
     check_args(args)
     runs = select(grid(args.preset, args.total_timesteps), args.algorithms, args.tasks, args.ks, args.shard, args.seeds)
     if args.list:
-        print("\n".join(run.portable_command() for run in runs))
+        print("\n".join(run.listed_command() for run in runs))
         return
     out_dir = args.out_dir or os.path.join(RESULTS, FOLDERS.get(args.preset, args.preset))
     os.makedirs(out_dir, exist_ok=True)

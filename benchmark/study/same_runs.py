@@ -1,7 +1,9 @@
 """Do today's scripts train as those of a reference commit do, step for step? Each of the study's
 algorithms (benchmark/study/presets.py), run as the study runs it (compiled, with lag), once with the scripts
 as of the reference commit and once with today's, on this machine, with the same seed and flags; every
-TensorBoard series the two runs share is compared exactly (wall-clock series such as SPS aside).
+TensorBoard series the two runs share is compared exactly (wall-clock series such as SPS aside). A method runs
+in the reference commit's spelling of it where that commit lacks today's script (presets.Method.earlier: decoupled
+PPO as `ppo_continuous.py --clip-reference proximal` before decoupled_ppo_continuous.py).
 
     python benchmark/study/same_runs.py --reference 91692b6 --env-id HalfCheetah-v4 --total-timesteps 20480
 
@@ -21,7 +23,7 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import ROOT, read_scalars, script_at  # noqa: E402
-from benchmark.study.presets import ALGORITHMS  # noqa: E402
+from benchmark.study.presets import METHODS  # noqa: E402
 
 WALL_CLOCK = {"charts/SPS", "charts/updates_per_second"}  # series that depend on the machine's speed
 
@@ -41,7 +43,8 @@ class Args:
     algorithms: list[str] = field(default_factory=lambda: ["ppo", "ppo-kl", "ppo-decoupled", "spo", "vaco",
                                                            "vaco-noalign", "vaco-nofilter", "vaco-none",
                                                            "vaco-proximal-0.1", "vtrace-decoupled", "geppo"])
-    """the study's algorithms to compare (those whose script the reference commit lacks are left out, with a note)"""
+    """the study's algorithms to compare (those whose script the reference commit lacks, in every spelling of the
+    method, are left out, with a note)"""
     jobs: int = 2
     """runs at a time"""
     compile: bool = True
@@ -64,29 +67,48 @@ def compare(name, reference, today):
     return name, len(shared), [tag for tag in shared if reference[tag] != today[tag]]
 
 
+def reference_spellings(names, reference, folder):
+    """{name: (its script as of `reference`, written into `folder`, and its flags)}: each method in the first of its
+    spellings (presets.Method.spellings) whose script that commit has, e.g. decoupled PPO at a commit before
+    decoupled_ppo_continuous.py as `ppo_continuous.py --clip-reference proximal`. A method with none is left out,
+    with a note."""
+    paths, found = {}, {}
+    for name in names:
+        spellings = METHODS[name].spellings()
+        for script, flags in spellings:
+            if script not in paths:
+                paths[script] = script_at(reference, script, folder)
+            if paths[script]:
+                found[name] = paths[script], flags
+                break
+        else:
+            scripts = " or ".join(dict.fromkeys(script for script, _ in spellings))
+            print(f"note: {name} left out: no {scripts} at {reference}", flush=True)
+    return found
+
+
 def main(args: Args):
-    unknown = sorted(set(args.algorithms) - set(ALGORITHMS))
+    unknown = sorted(set(args.algorithms) - set(METHODS))
     if unknown:
-        sys.exit(f"error: unknown algorithm(s) {', '.join(unknown)} (choose from {', '.join(ALGORITHMS)})")
+        sys.exit(f"error: unknown algorithm(s) {', '.join(unknown)} (choose from {', '.join(METHODS)})")
+    retired = [name for name in args.algorithms if METHODS[name].retired_at]
+    if retired:
+        sys.exit(f"error: {', '.join(retired)}: retired, trained by the scripts as of "
+                 f"{METHODS[retired[0]].retired_at}; today's scripts have no such method to compare")
     with tempfile.TemporaryDirectory() as folder:
-        missing = {script for script in {ALGORITHMS[name][0] for name in args.algorithms}
-                   if script_at(args.reference, script, folder) is None}
-        for name in [name for name in args.algorithms if ALGORITHMS[name][0] in missing]:
-            print(f"note: {name} left out: no {ALGORITHMS[name][0]} at {args.reference}", flush=True)
-        args.algorithms = [name for name in args.algorithms if ALGORITHMS[name][0] not in missing]
+        reference = reference_spellings(args.algorithms, args.reference, folder)
+        args.algorithms = [name for name in args.algorithms if name in reference]
         if not args.algorithms:
             sys.exit(f"error: none of the scripts at {args.reference} (git, or that commit, is not at hand)")
+        shared = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--policy-buffer",
+                  str(args.policy_buffer), "--seed", str(args.seed)] + ([] if args.compile else ["--no-compile"])
         jobs = []
         for name in args.algorithms:
-            script, flags = ALGORITHMS[name]
-            flags = [*flags, "--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps),
-                     "--policy-buffer", str(args.policy_buffer), "--seed", str(args.seed)]
-            if not args.compile:
-                flags.append("--no-compile")
-            for side, path in (("reference", os.path.join(folder, script)), ("today", os.path.join(ROOT, script))):
+            today = os.path.join(ROOT, METHODS[name].script), METHODS[name].flags
+            for side, (path, flags) in (("reference", reference[name]), ("today", today)):
                 cwd = os.path.join(folder, f"{name}-{side}")
                 os.makedirs(cwd)
-                jobs.append((name, side, path, flags, cwd))
+                jobs.append((name, side, path, [*flags, *shared], cwd))
         with ThreadPoolExecutor(args.jobs) as pool:
             scalars = dict(zip([(name, side) for name, side, *_ in jobs],
                                pool.map(lambda job: run(*job[2:]), jobs)))

@@ -6,7 +6,7 @@ import numpy as np
 
 from benchmark.study import plotting
 from benchmark.study.estimates import lag_won_back, probability_of_improvement
-from benchmark.study.presets import LAG_METHODS
+from benchmark.study.presets import LAG_METHODS, method
 from benchmark.study.report import fmt_interval, incomplete_line, titled
 from benchmark.study.scores import LAG_HURTS, above_random_ratio, completeness, finals, lag_hurt_tasks, score_matrix
 
@@ -30,7 +30,7 @@ def section(study):
             if x is not None and ppo is not None:
                 pairs[f"{algorithm},{name}"] = (x, ppo)
     points, intervals = probability_of_improvement(pairs, reps, study.seed) if pairs else ({}, {})
-    names = [LAG_METHODS[a] for a in algorithms]
+    names = [method(a).name for a in algorithms]
     lines = [f"Where lag hurts PPO: the tasks where PPO's mean final return at K = {k} is below {LAG_HURTS} of its "
              f"mean at K = 1, both measured above the random policy: {', '.join(hurt)}. On each, the share of PPO's "
              f"loss that X wins back, (X at K = {k} − PPO at K = {k}) / (PPO at K = 1 − PPO at K = {k}) of the mean "

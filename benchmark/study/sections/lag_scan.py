@@ -8,7 +8,7 @@ import numpy as np
 
 from benchmark.study import plotting
 from benchmark.study.estimates import aggregates, lag_won_back
-from benchmark.study.presets import LAG_METHODS
+from benchmark.study.presets import LAG_METHODS, method
 from benchmark.study.report import fmt_interval, incomplete_line, per_lag
 from benchmark.study.scores import completeness, finals, lag_hurt_tasks, logged_means, score_matrix
 
@@ -31,7 +31,6 @@ def scan(study, k):
     methods, partial = completeness(raw, LAG_METHODS, k, tasks, study.planned)
     if not tasks or not all(finals(raw, ("ppo", kk), t) for kk in (1, k_main) for t in tasks):
         return incomplete_line(partial, k), False
-    names = {"ppo": "PPO", **LAG_METHODS}
     scan_ks = [1, k_main, k]
     finished = {kk: completeness(raw, methods, kk, tasks, study.planned)[0] for kk in scan_ks}  # no block still running
     keys = [(a, kk) for a in ["ppo", *methods] for kk in scan_ks
@@ -44,7 +43,7 @@ def scan(study, k):
         for a in ["ppo", *methods]:
             cells = [f"{np.mean([s['final'] for s in normalised[(a, kk)][task].values()]):.2f}"
                      if (a, kk) in keys else "" for kk in scan_ks]
-            lines.append(f"| {task} | {names[a]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {task} | {method(a).name} | " + " | ".join(cells) + " |")
     matrices = {f"{a} K={kk}": score_matrix(normalised, (a, kk), tasks, "final") for a, kk in keys}
     points, intervals = aggregates(matrices, reps, seed)
     lines += ["", f"IQM over these {len(tasks)} tasks × seeds, with 95% stratified-bootstrap intervals ({reps} "
@@ -53,14 +52,14 @@ def scan(study, k):
     for a in ["ppo", *methods]:
         cells = [fmt_interval(points[f"{a} K={kk}"][1], intervals[f"{a} K={kk}"][:, 1]) if (a, kk) in keys else ""
                  for kk in scan_ks]
-        lines.append(f"| {names[a]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {method(a).name} | " + " | ".join(cells) + " |")
     hurt = lag_hurt_tasks(raw, randoms, tasks, k)
     if hurt and methods:
         shares = lag_won_back(raw, hurt, k, methods, reps, seed)
         lines += ["", f"The share of PPO's loss from K = 1 to K = {k} that X wins back, (X − PPO) / (PPO at K = 1 − PPO) "
                   f"at K = {k} of the mean final returns, on the tasks where lag hurts PPO at K = {k} "
                   f"({', '.join(hurt)}), with 95% stratified-bootstrap intervals.", "",
-                  "| task | " + " | ".join(names[a] for a in methods) + " |", "|-|" + "-|" * len(methods)]
+                  "| task | " + " | ".join(method(a).name for a in methods) + " |", "|-|" + "-|" * len(methods)]
         for i, task in enumerate(hurt):
             lines.append(f"| {task} | " + " | ".join(fmt_interval(shares[a][0][i], shares[a][1][:, i]) for a in methods)
                          + " |")
@@ -81,10 +80,10 @@ def scan(study, k):
             fraction = d.get("filtered_fraction", d.get("clipfrac"))
             get = lambda c: f"{d[c]:.3g}" if c in d else ""  # noqa: E731
             capped = cap_share(runs, (a, kk), tasks)
-            lines.append(f"| {names[a]} | {kk} | {get('backward_tv')} | {get('backward_ratio_mean')} | "
+            lines.append(f"| {method(a).name} | {kk} | {get('backward_tv')} | {get('backward_ratio_mean')} | "
                          f"{get('backward_ratio_max')} | {'' if capped is None else f'{capped:.2f}'} | "
                          f"{'' if fraction is None else f'{fraction:.3g}'} | {get('entropy')} |")
-    figure(normalised, points, intervals, ["ppo", *methods], names, keys, scan_ks, tasks,
+    figure(normalised, points, intervals, ["ppo", *methods], keys, scan_ks, tasks,
            study.figures.path(f"lag_scan_K{k}.png"))
     return lines + [""] + incomplete_line(partial, k), True
 
@@ -97,7 +96,7 @@ def cap_share(runs, key, tasks, cap=100.0):
     return float(np.mean(np.array(maxima) > cap)) if maxima else None
 
 
-def figure(normalised, points, intervals, methods, names, keys, ks, tasks, path):
+def figure(normalised, points, intervals, methods, keys, ks, tasks, path):
     """The normalised final score against K: the IQM over the tasks with its interval, then each task's mean over
     seeds (two panels a row), every method a colour."""
     plt = plotting.pyplot()

@@ -10,7 +10,7 @@ import numpy as np
 
 from benchmark.study import plotting
 from benchmark.study.estimates import lag_won_back
-from benchmark.study.presets import REMEDIES
+from benchmark.study.presets import REMEDIES, method
 from benchmark.study.report import fmt_interval, incomplete_line, per_lag
 from benchmark.study.scores import completeness, lag_hurt_tasks, slice_means, slice_scores
 
@@ -34,10 +34,10 @@ def remedies(study, k):
         return [f"No remedy has all its runs at K = {k} on tasks where lag hurts PPO.", ""] \
             + incomplete_line(partial, k), False
     seeds = {a: sorted({len(raw[(a, k)][t]) for t in hurt}) for a in methods}
-    heads = [f"{plotting.NAMES[a]} ({'–'.join(map(str, seeds[a]))} seed{'s' if seeds[a] != [1] else ''})"
+    heads = [f"{method(a).name} ({'–'.join(map(str, seeds[a]))} seed{'s' if seeds[a] != [1] else ''})"
              for a in methods]
     shares = lag_won_back(raw, hurt, k, methods, reps, seed)
-    lines = [f"What was tried to win back more of PPO's loss from K = 1 to K = {k}, beside {plotting.NAMES[BASE]}, "
+    lines = [f"What was tried to win back more of PPO's loss from K = 1 to K = {k}, beside {method(BASE).name}, "
              "the method the remedies change: the share of that loss each wins back, "
              f"(X − PPO) / (PPO at K = 1 − PPO) at K = {k} of the mean final returns, with 95% stratified-bootstrap intervals (with 1 seed, only PPO's "
              f"seeds are resampled). The goal: {GOAL} or more on every task; the last row counts the tasks whose share "
@@ -65,7 +65,7 @@ def entropy_table(runs, methods, k, tasks):
     lines = ["How wide each policy ends: the entropy of its Gaussian, mean over the updates in the last 10% of steps, "
              "mean over seeds; synchronous PPO's with the range of its seeds. Below that range, the policy ends "
              "narrower than synchronous PPO's on the task.", "",
-             "| task | PPO at K = 1 | PPO | " + " | ".join(plotting.NAMES[a] for a in methods) + " |",
+             "| task | PPO at K = 1 | PPO | " + " | ".join(method(a).name for a in methods) + " |",
              "|-|-|-|" + "-|" * len(methods)]
     for task in tasks:
         sync = ends[("ppo", 1)][task]

@@ -11,8 +11,7 @@ import re
 import numpy as np
 
 from benchmark.study.estimates import aggregates, lag_won_back
-from benchmark.study.plotting import NAMES
-from benchmark.study.presets import LAG_METHODS, REMEDIES
+from benchmark.study.presets import LAG_METHODS, REMEDIES, method
 from benchmark.study.report import fmt_interval, incomplete_line, interval_cell, titled
 from benchmark.study.scores import (common_seeds, completeness, finals, lag_hurt_tasks, on_seeds, pairs_won,
                                     score_matrix)
@@ -27,7 +26,7 @@ def section(study):
         if lags and a not in LAG_METHODS:
             k = max(lags)
             marker = "remedy_grid_" + re.sub(r"[^a-z0-9]+", "_", a)  # a snippet's name: letters, digits and _
-            lines += titled(f"{NAMES[a]} at K = {k} and without lag", marker, remedy(study, a, k))
+            lines += titled(f"{method(a).name} at K = {k} and without lag", marker, remedy(study, a, k))
     return lines or "no run of a remedy at a lag of the grid"
 
 
@@ -45,7 +44,7 @@ def screen_of(study, a, k, tasks):
 
 
 def remedy(study, a, k):
-    tasks, name, base = study.compared, NAMES[a], NAMES[BASE]
+    tasks, name, base = study.compared, method(a).name, method(BASE).name
     seeds, screen = screen_of(study, a, k, tasks)
     if not seeds:
         return incomplete_line(completeness(study.raw, [a], k, tasks, study.planned)[1], k) \
@@ -78,7 +77,7 @@ def remedy(study, a, k):
     if not screen and study.main_tasks and all(m is not None for m in matrices.values()):
         points, intervals = aggregates(matrices, study.reps, study.seed)
         lines += [f"IQM of the normalised final score at K = {k} (1 = PPO at K = 1) over the {len(study.main_tasks)} "
-                  "tasks: " + "; ".join(f"{NAMES[b]} {fmt_interval(points[b][1], intervals[b][:, 1])}"
+                  "tasks: " + "; ".join(f"{method(b).name} {fmt_interval(points[b][1], intervals[b][:, 1])}"
                                         for b in matrices) + ".", ""]
     return lines + both_ways(study, a)
 
@@ -87,7 +86,7 @@ def both_ways(study, a):
     """The share of PPO's lag loss the remedy wins back at each K it ran above 1, on the tasks where lag hurts PPO at
     that K and the remedy ran at K = 1 too: against PPO at K = 1 and against itself at K = 1. Each block (the remedy
     at K, at K = 1) on the seeds that all those tasks have; the two are resampled apart, as PPO's are."""
-    raw, name, rows, notes = study.raw, NAMES[a], [], []
+    raw, name, rows, notes = study.raw, method(a).name, [], []
     for k in sorted(kk for alg, kk in study.keys if alg == a and kk > 1):
         tasks = [t for t in lag_hurt_tasks(raw, study.randoms, sorted(raw.get(("ppo", k), {})), k)
                  if raw.get((a, 1), {}).get(t) and raw[(a, k)].get(t)]

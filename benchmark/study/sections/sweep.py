@@ -8,7 +8,7 @@ import numpy as np
 
 from benchmark.study import plotting
 from benchmark.study.estimates import aggregates
-from benchmark.study.presets import DELTAS
+from benchmark.study.presets import DELTAS, SWEEP
 from benchmark.study.report import fmt_interval, marked
 from benchmark.study.scores import logged_means, score_matrix
 
@@ -65,7 +65,7 @@ def section(study):
 def variants(study):
     """The sweep's variants of VACO (threshold and reference) that ran at the grid's lags; none when there is one
     only (the ten tasks' VACO against pi_T: a method, no sweep)."""
-    sweep = sorted({a for a, _ in study.grid_keys if a.startswith("vaco-behaviour-") or a.startswith("vaco-proximal-")})
+    sweep = sorted({a for a, _ in study.grid_keys if a in SWEEP})
     return sweep if len(sweep) > 1 else []
 
 

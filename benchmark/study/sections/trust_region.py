@@ -8,18 +8,11 @@ import numpy as np
 
 from benchmark.study import plotting
 from benchmark.study.estimates import aggregates, lag_won_back, probability_of_improvement
-from benchmark.study.presets import LAG_METHODS
+from benchmark.study.presets import LAG_METHODS, method
 from benchmark.study.report import fmt_interval, incomplete_line, titled
 from benchmark.study.scores import (above_random_ratio, completeness, expected_seeds, finals, lag_hurt_tasks,
                                     logged_means, pairs_won, score_matrix)
 
-# what each method under lag is made of: (advantages, trust region); PPO's for comparison
-PARTS = {"ppo": ("GAE", "PPO's clip on π_θ/β"), "vaco": ("V-trace", "TV filter against β"),
-         "vaco-proximal-0.1": ("V-trace", "TV filter against π_T"),
-         "ppo-decoupled": ("GAE", "decoupled clip: π_θ/π_T, weight π_T/β"),
-         "vtrace-decoupled": ("V-trace", "decoupled clip: π_θ/π_T, weight π_T/β"),
-         "geppo": ("V-trace", "GePPO's band around π_T/β, adaptive actor rate"),
-         "geppo-gae": ("GAE", "GePPO's band around π_T/β, adaptive actor rate")}
 # one variable at a time: (what changes, [(from, to)]) between methods that differ in that part only
 ONE_VARIABLE = [("the advantages, GAE → V-trace", [("ppo-decoupled", "vtrace-decoupled"), ("geppo-gae", "geppo")]),
                 ("the trust region, all with V-trace", [("vtrace-decoupled", "vaco"), ("vtrace-decoupled", "vaco-proximal-0.1"),
@@ -38,7 +31,6 @@ def section(study):
         return f"fewer than two methods under lag with all their runs in at K = {k}: nothing to set side by side"
     if not all(finals(raw, ("ppo", kk), t) for kk in (1, k) for t in tasks):
         return f"PPO did not run at K = 1 and {k} on every task"
-    names = {"ppo": "PPO", **LAG_METHODS}
     matrices = {a: score_matrix(normalised, (a, k), tasks, "final") for a in ["ppo", *methods]}
     points, intervals = aggregates(matrices, reps, seed)
     pairs = {f"{a},{b}": (matrices[a], matrices[b]) for a in methods for b in ("ppo", "ppo-decoupled")
@@ -60,7 +52,8 @@ def section(study):
              f"| method | advantages | trust region | IQM at K={k} | P(X > PPO) | P(X > decoupled PPO) |",
              "|-|-|-|-|-|-|"]
     for a in ["ppo", *methods]:
-        lines.append(f"| {names[a]} | {PARTS[a][0]} | {PARTS[a][1]} | "
+        advantages, trust_region = method(a).parts
+        lines.append(f"| {method(a).name} | {advantages} | {trust_region} | "
                      f"{fmt_interval(points[a][1], intervals[a][:, 1])} | {p(a, 'ppo')} | {p(a, 'ppo-decoupled')} |")
     if hurt:
         lines += ["", f"*Lag won back*: the share of PPO's loss from K = 1 to K = {k} that X wins back, median over "
@@ -72,12 +65,12 @@ def section(study):
                   "|-|-|-|-|-|"]
         for a in methods:
             point, interval = shares[a]
-            lines.append(f"| {names[a]} | {fmt_interval(point[-1], interval[:, -1])} | "
+            lines.append(f"| {method(a).name} | {fmt_interval(point[-1], interval[:, -1])} | "
                          f"{point[:len(hurt)].min():.2f} to {point[:len(hurt)].max():.2f} | "
                          f"{sum(w for w, _ in won[a])}/{sum(n for _, n in won[a])} | {', '.join(behind[a]) or 'none'} |")
     lines += ["", f"Per task: *X/PPO*, (X − random) / (PPO − random) of the mean final returns at K = {k}, and the seed "
               "pairs X wins against PPO; bold where X is clearly behind PPO.", "",
-              "| task | " + " | ".join(names[a] for a in methods) + " |", "|-|" + "-|" * len(methods)]
+              "| task | " + " | ".join(method(a).name for a in methods) + " |", "|-|" + "-|" * len(methods)]
     for i, task in enumerate(tasks):
         cells = []
         for a in methods:
@@ -98,9 +91,9 @@ def section(study):
             ppo = {t: np.mean(finals(raw, ("ppo", k), t)) for t in tasks}
             split = [t for t in tasks if (np.mean(finals(raw, (frm, k), t)) > ppo[t])
                      != (np.mean(finals(raw, (to, k), t)) > ppo[t])]
-            lines.append(f"| {what} | {names[frm]} | {names[to]} | {p(to, frm)} | {moved} | {', '.join(split) or 'none'} |")
+            lines.append(f"| {what} | {method(frm).name} | {method(to).name} | {p(to, frm)} | {moved} | {', '.join(split) or 'none'} |")
     lines += disputed_diagnostics(runs, raw, randoms, tasks, k, methods)
-    figure(points, intervals, ["ppo", *methods], names, k, len(tasks), study.figures.path("trust_region.png"))
+    figure(points, intervals, ["ppo", *methods], k, len(tasks), study.figures.path("trust_region.png"))
     return (titled("Which part wins lag back: the advantages and the trust region", "trust_region",
                    lines + [""] + incomplete_line(partial, k))
             + [f"![trust region]({study.figures.link('trust_region.png')})", ""])
@@ -130,7 +123,7 @@ def disputed_diagnostics(runs, raw, randoms, tasks, k, methods):
                      f"{d['backward_tv']:.3g}" if "backward_tv" in d else "", f"{fraction:.3g}" if fraction is not None
                      else "", f"{d['proximal_tv']:.3g}" if "proximal_tv" in d else "",
                      f"{d['entropy']:.3g}" if "entropy" in d else "", f"{factor:.2f}" if factor is not None else ""]
-            lines.append(f"| {task} | {LAG_METHODS.get(a, 'PPO')} | " + " | ".join(cells) + " |")
+            lines.append(f"| {task} | {method(a).name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -143,7 +136,7 @@ def final_rate_factor(runs, key, task):
     return float(np.mean(factors)) if factors else None
 
 
-def figure(points, intervals, methods, names, k, n_tasks, path):
+def figure(points, intervals, methods, k, n_tasks, path):
     """The IQM of the normalised final score at K = k of every method under lag, highest first, as a bar from PPO's
     IQM at K = k (the baseline: what a method adds under the same lag) with its 95 % interval; PPO last, a point with
     its interval, and synchronous PPO (1) dashed. The axis spans the intervals, not 0 to them."""

@@ -2,7 +2,7 @@
 the grid's largest K, and their ratio above the random policy; the other methods under lag too, at the K where they
 ran, except a block still running (named below the table)."""
 
-from benchmark.study.presets import LAG_METHODS
+from benchmark.study.presets import LAG_METHODS, method
 from benchmark.study.report import incomplete_line, interval_cell, titled
 from benchmark.study.scores import above_random_ratio, completeness, finals
 
@@ -15,7 +15,7 @@ def section(study):
     others = {k: [a for a in LAG_METHODS if a == "vaco" or ((a, k) in raw and a not in running[k])] for k in ks}
     header = ["task"]
     for k in ks:
-        header += [f"PPO K={k}"] + [f"{LAG_METHODS[a]}{suffix} K={k}" for a in others[k] for suffix in ("", "/PPO")]
+        header += [f"PPO K={k}"] + [f"{method(a).name}{suffix} K={k}" for a in others[k] for suffix in ("", "/PPO")]
     x = "X" if any(len(names) > 1 for names in others.values()) else "VACO"
     lines = ["Final return (the episodes of the last 10% of steps): mean over seeds and its 95% Student-t "
              f"interval; {x}/PPO = ({x} − random) / (PPO − random) at the same K, above 1 when {x} is ahead.", "",

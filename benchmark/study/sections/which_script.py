@@ -13,7 +13,7 @@ import numpy as np
 
 from benchmark.common import ROOT
 from benchmark.study.estimates import aggregates, lag_won_back
-from benchmark.study.presets import ALGORITHMS, LAG_METHODS
+from benchmark.study.presets import LAG_METHODS, method
 from benchmark.study.report import fmt_interval, incomplete_line, titled
 from benchmark.study.scores import completeness, finals, lag_hurt_tasks, pairs_won, score_matrix
 from benchmark.study.sections.trust_region import CLEARLY_BEHIND
@@ -37,7 +37,7 @@ def script_defaults(script):
 
 def command(algorithm, k):
     """`python script.py --policy-buffer K` and the algorithm's flags that differ from the script's defaults."""
-    script, flags = ALGORITHMS[algorithm]
+    script, flags = method(algorithm).script, method(algorithm).flags
     defaults, kept, i = script_defaults(script), [], 0
     while i < len(flags):
         flag = flags[i]
@@ -101,8 +101,7 @@ def section(study):
              "|-|-|-|-|-|" + ("-|" if larger else "")]
     for a in order:
         c = cells[a]
-        name = "PPO" if a == "ppo" else LAG_METHODS[a]
-        row = [name, fmt_interval(c["iqm"][0]["x"][1], c["iqm"][1]["x"][:, 1]) if c["iqm"] else "",
+        row = [method(a).name, fmt_interval(c["iqm"][0]["x"][1], c["iqm"][1]["x"][:, 1]) if c["iqm"] else "",
                fmt_interval(shares[a][0][-1], shares[a][1][:, -1]) if a in shares else ("0 (reference)" if a == "ppo" else ""),
                f"{c['behind']} of {len(tasks)} tasks" if "behind" in c else ""]
         if larger:
