@@ -1,5 +1,6 @@
 """How the report writes what a section found: Markdown lines, a section between the snippet markers by which a docs
-page includes it (pymdownx.snippets), numbers with their intervals, and the line for a block of runs still running.
+page includes it (pymdownx.snippets), numbers with their intervals, the rows of the lag won back, and the line for a
+block of runs still running.
 """
 
 from benchmark.study.estimates import t_interval
@@ -30,6 +31,17 @@ def per_lag(study, lags, each, title, name):
 
 def fmt_interval(point, interval):
     return f"{point:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def share_rows(tasks, methods, shares):
+    """The rows of a table of the share of PPO's lag loss each of `methods` wins back (estimates.lag_won_back's
+    `shares` on `tasks`): one a task, then their mean and median in bold."""
+    lines = [f"| {task} | " + " | ".join(fmt_interval(shares[a][0][i], shares[a][1][:, i]) for a in methods) + " |"
+             for i, task in enumerate(tasks)]
+    for j, name in ((-2, "mean"), (-1, "median")):
+        lines.append(f"| **{name}** | " + " | ".join(f"**{fmt_interval(shares[a][0][j], shares[a][1][:, j])}**"
+                                                      for a in methods) + " |")
+    return lines
 
 
 def interval_cell(values):

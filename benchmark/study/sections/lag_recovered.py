@@ -55,7 +55,7 @@ def section(study):
             + [f"![lag recovered]({study.figures.link('lag_recovered.png')})", ""])
 
 
-def figure(tasks, algorithms, estimates, k, path, lo=-1.5, hi=3.0):
+def figure(tasks, algorithms, estimates, k, path, *, lo=-1.5, hi=3.0):
     """The share of PPO's lag loss each algorithm wins back: their median and mean over the tasks where lag hurts PPO,
     then each of those tasks; a block of rows each, one row an algorithm, its estimate a point with its 95 % interval.
     The axis holds `lo` to `hi`: an interval that runs past it ends in an arrowhead at the edge (its ends are in the

@@ -9,7 +9,7 @@ import numpy as np
 from benchmark.study import plotting
 from benchmark.study.estimates import aggregates, lag_won_back
 from benchmark.study.presets import LAG_METHODS, method
-from benchmark.study.report import fmt_interval, incomplete_line, per_lag
+from benchmark.study.report import fmt_interval, incomplete_line, per_lag, share_rows
 from benchmark.study.scores import completeness, finals, lag_hurt_tasks, logged_means, score_matrix
 
 
@@ -59,13 +59,8 @@ def scan(study, k):
         lines += ["", f"The share of PPO's loss from K = 1 to K = {k} that X wins back, (X − PPO) / (PPO at K = 1 − PPO) "
                   f"at K = {k} of the mean final returns, on the tasks where lag hurts PPO at K = {k} "
                   f"({', '.join(hurt)}), with 95% stratified-bootstrap intervals.", "",
-                  "| task | " + " | ".join(method(a).name for a in methods) + " |", "|-|" + "-|" * len(methods)]
-        for i, task in enumerate(hurt):
-            lines.append(f"| {task} | " + " | ".join(fmt_interval(shares[a][0][i], shares[a][1][:, i]) for a in methods)
-                         + " |")
-        for j, name in ((-2, "mean"), (-1, "median")):
-            lines.append(f"| **{name}** | " + " | ".join(f"**{fmt_interval(shares[a][0][j], shares[a][1][:, j])}**"
-                                                          for a in methods) + " |")
+                  "| task | " + " | ".join(method(a).name for a in methods) + " |", "|-|" + "-|" * len(methods),
+                  *share_rows(hurt, methods, shares)]
     lines += ["", f"What each method logs at K = {k_main} and K = {k}, means over runs and updates on these tasks. *w*: "
               "π_T/β at the update's start (V-trace's ρ, decoupled PPO's weight, the centre of GePPO's band): its "
               "mean, and the mean over updates of its largest value; *w > 100*: the share of updates whose largest w "
@@ -83,8 +78,7 @@ def scan(study, k):
             lines.append(f"| {method(a).name} | {kk} | {get('backward_tv')} | {get('backward_ratio_mean')} | "
                          f"{get('backward_ratio_max')} | {'' if capped is None else f'{capped:.2f}'} | "
                          f"{'' if fraction is None else f'{fraction:.3g}'} | {get('entropy')} |")
-    figure(normalised, points, intervals, ["ppo", *methods], keys, scan_ks, tasks,
-           study.figures.path(f"lag_scan_K{k}.png"))
+    figure(normalised, (points, intervals), keys, tasks, study.figures.path(f"lag_scan_K{k}.png"), ks=scan_ks)
     return lines + [""] + incomplete_line(partial, k), True
 
 
@@ -96,10 +90,13 @@ def cap_share(runs, key, tasks, cap=100.0):
     return float(np.mean(np.array(maxima) > cap)) if maxima else None
 
 
-def figure(normalised, points, intervals, methods, keys, ks, tasks, path):
-    """The normalised final score against K: the IQM over the tasks with its interval, then each task's mean over
-    seeds (two panels a row), every method a colour."""
+def figure(normalised, estimates, keys, tasks, path, *, ks):
+    """The normalised final score against `ks`: the IQM over the tasks with its interval (`estimates`: aggregates'
+    points and intervals), then each task's mean over seeds (two panels a row), every method of `keys` ((algorithm,
+    K) that ran, in the order drawn) a colour."""
     plt = plotting.pyplot()
+    points, intervals = estimates
+    methods = list(dict.fromkeys(a for a, _ in keys))
     rows = (len(tasks) + 2) // 2
     with plt.rc_context(plotting.FONT):
         fig, axes = plt.subplots(rows, 2, figsize=(plotting.FIGURE_WIDTH, 1.6 + 2.6 * rows), layout="constrained",

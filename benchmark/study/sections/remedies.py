@@ -11,7 +11,7 @@ import numpy as np
 from benchmark.study import plotting
 from benchmark.study.estimates import lag_won_back
 from benchmark.study.presets import REMEDIES, method
-from benchmark.study.report import fmt_interval, incomplete_line, per_lag
+from benchmark.study.report import incomplete_line, per_lag, share_rows
 from benchmark.study.scores import completeness, lag_hurt_tasks, slice_means, slice_scores
 
 BASE = "ppo-decoupled"  # the method the remedies change
@@ -41,13 +41,8 @@ def remedies(study, k):
              "the method the remedies change: the share of that loss each wins back, "
              f"(X − PPO) / (PPO at K = 1 − PPO) at K = {k} of the mean final returns, with 95% stratified-bootstrap intervals (with 1 seed, only PPO's "
              f"seeds are resampled). The goal: {GOAL} or more on every task; the last row counts the tasks whose share "
-             "reaches it.", "", "| task | " + " | ".join(heads) + " |", "|-|" + "-|" * len(methods)]
-    for i, task in enumerate(hurt):
-        lines.append(f"| {task} | " + " | ".join(fmt_interval(shares[a][0][i], shares[a][1][:, i]) for a in methods)
-                     + " |")
-    for j, name in ((-2, "mean"), (-1, "median")):
-        lines.append(f"| **{name}** | " + " | ".join(f"**{fmt_interval(shares[a][0][j], shares[a][1][:, j])}**"
-                                                      for a in methods) + " |")
+             "reaches it.", "", "| task | " + " | ".join(heads) + " |", "|-|" + "-|" * len(methods),
+             *share_rows(hurt, methods, shares)]
     reached = [sum(shares[a][0][i] >= GOAL for i in range(len(hurt))) for a in methods]
     lines.append(f"| tasks at {GOAL} or more | " + " | ".join(f"{n} of {len(hurt)}" for n in reached) + " |")
     lines += ["", *entropy_table(study.runs, methods, k, hurt)]
