@@ -19,12 +19,12 @@ whatever policy beta produced the data:
    exceeded eps/2.
 
 This file is ``vaco_continuous.py`` with VACO's TV filter replaced by GePPO's trust region:
-``diff vaco_continuous.py geppo_continuous.py`` shows exactly the method. What comes from the paper and
-what from the authors' code (github.com/jqueeney/geppo) where the paper is silent: docs/geppo_continuous.md.
-The paper's sample reuse (training on the last M batches) is not here: every update trains on its own batch.
+``diff vaco_continuous.py geppo_continuous.py`` shows exactly the method; the docs say what comes from the
+authors' code (github.com/jqueeney/geppo) where the paper is silent. The paper's sample reuse (training on
+the last M batches) is not here: every update trains on its own batch.
 
     python geppo_continuous.py --env-id Ant-v4 --policy-buffer 8
-    python geppo_continuous.py --env-id Hopper-v4 --no-adapt-lr                # the annealed rate only
+    python geppo_continuous.py --env-id Hopper-v4 --adapt-factor 0             # the annealed rate only
     python geppo_continuous.py --env-id Hopper-v4 --no-advantage-alignment     # GAE instead of V-trace
     tensorboard --logdir runs
 """
@@ -36,7 +36,7 @@ import os
 import pickle
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import gymnasium as gym
@@ -77,7 +77,7 @@ class Args:
     """eps: the half-width of the band [w - eps, w + eps] around w = pi_T/beta that rho = pi_theta/beta is clipped to
     (PPO's eps; clipfrac counts the samples outside the band)"""
     clip_vloss: bool = False
-    """clip the value loss as PPO does; off for GePPO: the critic regresses on V-trace targets"""
+    """clip the value loss as PPO does; off by default: the critic regresses on V-trace targets"""
     ent_coef: float = 0.0
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -86,26 +86,17 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: Optional[float] = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
-    max_update_kl: Optional[float] = None
-    """stop an update's epochs once the policy has moved this far from pi_T: the exact KL(pi_T || pi_theta)
-    of the Gaussians, averaged over the batch's states, whichever policies acted (None: every epoch runs)"""
 
     # GePPO
     rho_bar: float = 1.0
-    """V-trace: clip of the weights w = pi_T/beta in the TD errors (rho-bar; GePPO's truncation 1)"""
+    """V-trace: clip of the weights w = pi_T/beta in the TD errors (rho-bar)"""
     c_bar: float = 1.0
-    """V-trace: clip of the weights w in the trace (c-bar; GePPO's truncation 1)"""
+    """V-trace: clip of the weights w in the trace (c-bar)"""
     advantage_alignment: bool = True
-    """V-trace advantages of pi_T, the learner at the update's start; `--no-advantage-alignment` uses GAE"""
-    adapt_lr: bool = True
-    """GePPO's learning-rate rule: after each update, divide the actor's rate by 1 + adapt_factor if TV(pi_theta, pi_T)
-    passed adapt_maxthresh * eps/2, multiply it by 1 + adapt_factor if it stayed under adapt_minthresh * eps/2"""
+    """V-trace advantages of pi_T, the learner at the update's start; `--no-advantage-alignment` uses GAE (ablation)"""
     adapt_factor: float = 0.03
-    """the rule's step"""
-    adapt_minthresh: float = 0.0
-    """raise the actor's rate below this multiple of eps/2 (0: never, the authors' default)"""
-    adapt_maxthresh: float = 1.0
-    """lower the actor's rate above this multiple of eps/2"""
+    """GePPO's learning-rate rule: after an update whose TV(pi_theta, pi_T) passed eps/2, divide the actor's rate
+    by 1 + adapt_factor (0: the annealed rate only)"""
 
     # Simulated asynchrony
     policy_buffer: int = 1
@@ -137,13 +128,10 @@ class Args:
     """compile the minibatch update (loss, gradient, clipping, Adam) into one program with torch.compile,
     paid once at the first update (`--no-compile`: the same function, eagerly)"""
 
-    # to be filled in runtime
-    batch_size: int = 0
-    """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
-    """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
-    """the number of iterations (computed in runtime)"""
+    # computed from the options above at the start, not options themselves
+    batch_size: int = field(default=0, init=False)  # num_envs * num_steps
+    minibatch_size: int = field(default=0, init=False)  # batch_size // num_minibatches
+    num_iterations: int = field(default=0, init=False)  # updates: total_timesteps // batch_size
 
 
 class WithoutInfo(gym.Wrapper):
@@ -270,20 +258,6 @@ def gaussian_logprob(action, mean, logstd):
 
 def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
-
-
-def gaussian_kl(mean_p, logstd_p, mean_q, logstd_q):
-    """KL(p || q) of diagonal Gaussians, per row:
-        sum_j log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2"""
-    return (logstd_q - logstd_p + ((2 * logstd_p).exp() + (mean_p - mean_q) ** 2) / (2 * (2 * logstd_q).exp())
-            - 0.5).sum(-1)
-
-
-@torch.no_grad()
-def update_kl(actor, obs, proximal):
-    """How far the policy has moved from pi_T: KL(pi_T || pi_theta) averaged over the states `obs`, with pi_T's
-    (mean, log-std) there in `proximal`. Exact for Gaussians, so it does not depend on which actions were taken."""
-    return gaussian_kl(*proximal, *actor(obs)).mean().item()
 
 
 # --8<-- [start:lag_simulator]
@@ -541,14 +515,9 @@ def update_tv(agent, flat):
 
 
 def adapted_lr_scale(scale, tv, args):
-    """GePPO's learning-rate rule: the factor on the actor's rate, divided by 1 + adapt_factor after an update that
-    moved the policy further than the band allows on average (TV > adapt_maxthresh * eps/2), multiplied by it after
-    one that stayed under adapt_minthresh * eps/2."""
-    if tv > args.adapt_maxthresh * args.clip_coef / 2:
-        return scale / (1 + args.adapt_factor)
-    if tv < args.adapt_minthresh * args.clip_coef / 2:
-        return scale * (1 + args.adapt_factor)
-    return scale
+    """GePPO's learning-rate rule, at its authors' defaults: the factor on the actor's rate, divided by 1 + adapt_factor
+    after an update that moved the policy further than the band allows on average (TV > eps/2)."""
+    return scale / (1 + args.adapt_factor) if tv > args.clip_coef / 2 else scale
 # --8<-- [end:adapt_lr]
 
 
@@ -591,10 +560,10 @@ def main(args: Args):
     current_obs = normalize_obs(raw_obs, obs_rms)
 
     for iteration in range(start_iteration, num_iterations + 1):
-        # Annealing the rate if instructed to do so; the actor's carries GePPO's factor too.
+        # Annealing the rate if instructed to do so.
         frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
         lr["critic"].fill_(frac * args.learning_rate)
-        lr["actor"].fill_(frac * args.learning_rate * lr_scale.item())
+        lr["actor"].fill_(frac * args.learning_rate * lr_scale.item())  # with GePPO's factor
 
         # Simulated asynchrony: each actor acts with a snapshot of age 0..K-1 for the whole rollout.
         ages, groups = policy_buffer.sample_ages(args.num_envs, lag_rng)
@@ -621,9 +590,6 @@ def main(args: Args):
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:]) for key in
                 ("obs", "actions", "behaviour_logprobs", "proximal_logprobs", "advantages", "returns", "values")}
-        flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
-        with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
-            proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
@@ -636,20 +602,13 @@ def main(args: Args):
 
             if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
                 break
-            if args.max_update_kl is not None and update_kl(agent.actor, flat["obs"], proximal) > args.max_update_kl:
-                break
 
         # GePPO's learning-rate rule, on how far the update moved the policy from pi_T
         moved = update_tv(agent, flat)
-        if args.adapt_lr:
-            lr_scale.fill_(adapted_lr_scale(lr_scale.item(), moved, args))
+        lr_scale.fill_(adapted_lr_scale(lr_scale.item(), moved, args))
 
         # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
         policy_buffer.push(agent.actor)
-
-        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
-        var_y = np.var(y_true)
-        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         sps = progress.update(global_step, recent_returns, lag=ages.mean(), last=iteration == num_iterations)
         writer.add_scalar("charts/learning_rate", lr["critic"].item(), global_step)
@@ -657,8 +616,7 @@ def main(args: Args):
         writer.add_scalar("charts/update_tv", moved, global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        writer.add_scalar("charts/update_kl", update_kl(agent.actor, flat["obs"], proximal), global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b["values"], b["returns"]), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
                 and iteration < num_iterations:
@@ -682,10 +640,9 @@ def check_args(args: Args) -> None:
     ranges = dict(  # every numeric option: the interval of values it takes
         total_timesteps="[1, inf)", num_envs="[1, inf)", num_steps="[1, inf)", num_minibatches="[1, inf)",
         update_epochs="[1, inf)", policy_buffer="[1, inf)", learning_rate="(0, inf)", max_grad_norm="(0, inf)",
-        clip_coef="(0, inf)", target_kl="(0, inf)", max_update_kl="(0, inf)", gamma="[0, 1]", gae_lambda="[0, 1]",
+        clip_coef="(0, inf)", target_kl="(0, inf)", gamma="[0, 1]", gae_lambda="[0, 1]",
         ent_coef="[0, inf)", vf_coef="[0, inf)", eval_episodes="[0, inf)", checkpoint_every="[0, inf)",
-        seed="[0, 4294967295]", rho_bar="(0, inf)", c_bar="(0, inf)", adapt_factor="[0, inf)",
-        adapt_minthresh="[0, inf)", adapt_maxthresh="[0, inf)")
+        seed="[0, 4294967295]", rho_bar="(0, inf)", c_bar="(0, inf)", adapt_factor="[0, inf)")
     for name, interval in ranges.items():  # "[" and "]" include their bound, "(" and ")" leave it out
         value, (low, high) = getattr(args, name), map(float, interval[1:-1].split(","))
         if value is not None and not (low < value < high or value == low and interval[0] == "["
@@ -700,8 +657,6 @@ def check_args(args: Args) -> None:
     if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
         sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
                  "first from the logged returns; pip install 'gymnasium>=1.4'")
-    if args.adapt_minthresh > args.adapt_maxthresh:
-        sys.exit(f"error: --adapt-minthresh {args.adapt_minthresh} is above --adapt-maxthresh {args.adapt_maxthresh}")
     if args.env_id not in gym.registry:
         close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
@@ -750,7 +705,8 @@ def checkpoint_of(saved, global_step, iteration, args):
             "obs_rms": rms_state(saved["obs_rms"]), "reward_rms": rms_state(saved["reward_rms"]),
             "policy_buffer": [snapshot.state_dict() for snapshot in saved["policy_buffer"].snapshots],  # oldest first
             "generator": saved["generator"].get_state(), "action_generator": saved["action_generator"].get_state(),
-            "lag_rng": saved["lag_rng"].bit_generator.state, "lr_scale": saved["lr_scale"],
+            "lag_rng": saved["lag_rng"].bit_generator.state,
+            "lr_scale": saved["lr_scale"],  # GePPO's factor on the actor's rate
             "global_step": global_step, "iteration": iteration, "args": vars(args)}
 
 
@@ -833,6 +789,14 @@ def evaluate(path, args, writer):
     env.close()
     if returns:
         print(f"eval: mean return over {len(returns)} episodes = {np.mean(returns):.1f}")
+
+
+def explained_variance(values, returns):
+    """1 - Var(returns - values) / Var(returns): the share of the return targets' variance that the critic's
+    values explain (1: all of it, 0: no better than their mean; NaN where the targets do not vary)."""
+    y_pred, y_true = values.numpy().ravel(), returns.numpy().ravel()
+    var_y = np.var(y_true)
+    return np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
 
 def open_logs(args, run_name):

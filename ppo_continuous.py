@@ -11,7 +11,6 @@ ordinary synchronous PPO. ``vaco_continuous.py`` is the same file with the VACO 
 
     python ppo_continuous.py --env-id Ant-v4 --policy-buffer 8
     python ppo_continuous.py --env-id Hopper-v4 --kl-coef 0.1      # PPO-KL
-    python ppo_continuous.py --env-id Ant-v4 --policy-buffer 8 --clip-reference proximal   # decoupled PPO
     tensorboard --logdir runs
 """
 
@@ -22,8 +21,8 @@ import os
 import pickle
 import sys
 import time
-from dataclasses import dataclass
-from typing import Literal, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 import gymnasium as gym
 import numpy as np
@@ -71,17 +70,8 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: Optional[float] = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
-    max_update_kl: Optional[float] = None
-    """stop an update's epochs once the policy has moved this far from pi_T: the exact KL(pi_T || pi_theta)
-    of the Gaussians, averaged over the batch's states, whichever policies acted (None: every epoch runs)"""
     kl_coef: float = 0.0
     """PPO-KL: add kl_coef * KL(behaviour || policy) (k3 estimator) to the loss; 0 disables it"""
-    clip_reference: Literal["behaviour", "proximal"] = "behaviour"
-    """what the clip is centred on: beta, the policy that acted (PPO), or pi_T, the learner at the update's
-    start, with the weight pi_T/beta correcting for the stale actors (decoupled PPO, Hilton et al. 2021)"""
-    max_policy_lag: Optional[int] = None
-    """leave out of the policy loss the samples of actors whose snapshot is this many updates old or older
-    (None: every sample; the critic learns from all of them)"""
 
     # Simulated asynchrony
     policy_buffer: int = 1
@@ -113,13 +103,10 @@ class Args:
     """compile the minibatch update (loss, gradient, clipping, Adam) into one program with torch.compile,
     paid once at the first update (`--no-compile`: the same function, eagerly)"""
 
-    # to be filled in runtime
-    batch_size: int = 0
-    """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
-    """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
-    """the number of iterations (computed in runtime)"""
+    # computed from the options above at the start, not options themselves
+    batch_size: int = field(default=0, init=False)  # num_envs * num_steps
+    minibatch_size: int = field(default=0, init=False)  # batch_size // num_minibatches
+    num_iterations: int = field(default=0, init=False)  # updates: total_timesteps // batch_size
 
 
 class WithoutInfo(gym.Wrapper):
@@ -248,20 +235,6 @@ def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
 
 
-def gaussian_kl(mean_p, logstd_p, mean_q, logstd_q):
-    """KL(p || q) of diagonal Gaussians, per row:
-        sum_j log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2"""
-    return (logstd_q - logstd_p + ((2 * logstd_p).exp() + (mean_p - mean_q) ** 2) / (2 * (2 * logstd_q).exp())
-            - 0.5).sum(-1)
-
-
-@torch.no_grad()
-def update_kl(actor, obs, proximal):
-    """How far the policy has moved from pi_T: KL(pi_T || pi_theta) averaged over the states `obs`, with pi_T's
-    (mean, log-std) there in `proximal`. Exact for Gaussians, so it does not depend on which actions were taken."""
-    return gaussian_kl(*proximal, *actor(obs)).mean().item()
-
-
 # --8<-- [start:lag_simulator]
 class PolicyBuffer:
     """The simulated actors' stale policies: a FIFO of the learner's last K actor snapshots.
@@ -386,32 +359,6 @@ def ppo_policy_loss(newlogprob, behaviour_logprobs, advantages, clip_coef):
 # --8<-- [end:ppo_policy_loss]
 
 
-# --8<-- [start:decoupled_policy_loss]
-def decoupled_policy_loss(newlogprob, behaviour_logprobs, proximal_logprobs, advantages, clip_coef, max_weight=100.0):
-    """Decoupled PPO (Hilton, Cobbe, Schulman 2021, arXiv 2110.00641): the clip is centred on pi_T, the
-    learner at the update's start, and the weight w corrects for the stale behaviour policy beta:
-        L = -mean( w * min(r * A, clip(r, 1 - eps, 1 + eps) * A) ),  r = pi_theta/pi_T,  w = sg(min(pi_T/beta, 100))
-    A sample stale at the update's start is weighted, not clipped away as PPO's pi_theta/beta clips it. The
-    cap only guards against blow-ups, as in the authors' code (charts/backward_ratio_max shows if it binds).
-    As w > 0, a term is w r A (= rho A, rho = pi_theta/beta) except where the clip binds (A > 0 and r > 1 +
-    eps, or A < 0 and r < 1 - eps): there the constant w clip(r) A. So at zero lag (pi_T = beta) the gradient
-    is PPO's to the bit, even where log pi_T and log beta differ in their last bits (unless r and rho fall on
-    either side of 1 +- eps). Returns (loss, ratio, proximal_ratio): rho and r."""
-    logratio = newlogprob - behaviour_logprobs
-    ratio = logratio.exp()  # rho = w r
-    proximal_ratio = (newlogprob - proximal_logprobs).exp()  # r
-    weight = (proximal_logprobs - behaviour_logprobs).exp()  # w, before the cap (no gradient: both are data)
-    # min(w, 100) r; rho's log clamped at 80, far beyond any ratio that trains, since an exp that
-    # overflowed would turn the unused branch's zero gradient into NaN
-    finite_ratio = logratio.clamp(max=80.0).exp()
-    weighted_ratio = torch.where(weight > max_weight, max_weight * proximal_ratio, finite_ratio)
-    clipped = torch.where(advantages > 0, proximal_ratio > 1 + clip_coef, proximal_ratio < 1 - clip_coef)
-    clipped_term = weight.clamp(max=max_weight) * torch.clamp(proximal_ratio, 1 - clip_coef, 1 + clip_coef) * advantages
-    surrogate = torch.where(clipped, clipped_term.detach(), weighted_ratio * advantages)
-    return -surrogate.mean(), ratio, proximal_ratio
-# --8<-- [end:decoupled_policy_loss]
-
-
 # --8<-- [start:minibatch_loss]
 def minibatch_loss(params, agent, mb, args):
     """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
@@ -421,22 +368,11 @@ def minibatch_loss(params, agent, mb, args):
     entropy = gaussian_entropy(logstd)
 
     mb_advantages = mb["advantages"]
-    if args.max_policy_lag is not None:  # the stale samples' advantages: 0, and out of the normalisation
-        kept = (mb["ages"] < args.max_policy_lag).float()
-        count = kept.sum().clamp(min=2)  # a minibatch with fewer than 2 recent samples trains no policy
-        centred = (mb_advantages - (kept * mb_advantages).sum() / count) * kept * (kept.sum() > 1)
-        scale = (centred.square().sum() / (count - 1)).sqrt() + 1e-8 if args.norm_adv else 1.0
-        mb_advantages = centred / scale
-    elif args.norm_adv:
+    if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-    # Policy loss; ratio = pi_theta/beta, clip_ratio = the ratio the clip acts on
-    if args.clip_reference == "proximal":  # decoupled PPO: the clip is centred on pi_T
-        pg_loss, ratio, clip_ratio = decoupled_policy_loss(newlogprob, mb["behaviour_logprobs"],
-                                                           mb["proximal_logprobs"], mb_advantages, args.clip_coef)
-    else:  # PPO: the clip is centred on beta
-        pg_loss, ratio = ppo_policy_loss(newlogprob, mb["behaviour_logprobs"], mb_advantages, args.clip_coef)
-        clip_ratio = ratio
+    # Policy loss; ratio = pi_theta/beta
+    pg_loss, ratio = ppo_policy_loss(newlogprob, mb["behaviour_logprobs"], mb_advantages, args.clip_coef)
     logratio = newlogprob - mb["behaviour_logprobs"]
     # k3 estimator of KL(behaviour || policy) from behaviour samples: (rho - 1) - log rho
     kl = ((ratio - 1) - logratio).mean()
@@ -456,7 +392,7 @@ def minibatch_loss(params, agent, mb, args):
         loss = loss + args.kl_coef * kl
 
     stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss, old_approx_kl=(-logratio).mean(),
-                 approx_kl=kl, clipfrac=((clip_ratio - 1.0).abs() > args.clip_coef).float().mean(),
+                 approx_kl=kl, clipfrac=((ratio - 1.0).abs() > args.clip_coef).float().mean(),
                  tv_divergence=0.5 * (ratio - 1).abs().mean())
     return loss, {name: value.detach() for name, value in stats.items()}
 # --8<-- [end:minibatch_loss]
@@ -566,10 +502,7 @@ def main(args: Args):
 
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:]) for key in
-                ("obs", "actions", "behaviour_logprobs", "proximal_logprobs", "advantages", "returns", "values")}
-        flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
-        with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
-            proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))
+                ("obs", "actions", "behaviour_logprobs", "advantages", "returns", "values")}
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
@@ -582,22 +515,15 @@ def main(args: Args):
 
             if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
                 break
-            if args.max_update_kl is not None and update_kl(agent.actor, flat["obs"], proximal) > args.max_update_kl:
-                break
 
         # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
         policy_buffer.push(agent.actor)
-
-        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
-        var_y = np.var(y_true)
-        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         sps = progress.update(global_step, recent_returns, lag=ages.mean(), last=iteration == num_iterations)
         writer.add_scalar("charts/learning_rate", lr.item(), global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        writer.add_scalar("charts/update_kl", update_kl(agent.actor, flat["obs"], proximal), global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b["values"], b["returns"]), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
                 and iteration < num_iterations:
@@ -621,9 +547,9 @@ def check_args(args: Args) -> None:
     ranges = dict(  # every numeric option: the interval of values it takes
         total_timesteps="[1, inf)", num_envs="[1, inf)", num_steps="[1, inf)", num_minibatches="[1, inf)",
         update_epochs="[1, inf)", policy_buffer="[1, inf)", learning_rate="(0, inf)", max_grad_norm="(0, inf)",
-        clip_coef="(0, inf)", target_kl="(0, inf)", max_update_kl="(0, inf)", gamma="[0, 1]", gae_lambda="[0, 1]",
+        clip_coef="(0, inf)", target_kl="(0, inf)", gamma="[0, 1]", gae_lambda="[0, 1]",
         ent_coef="[0, inf)", vf_coef="[0, inf)", eval_episodes="[0, inf)", checkpoint_every="[0, inf)",
-        seed="[0, 4294967295]", kl_coef="[0, inf)", max_policy_lag="[1, inf)")
+        seed="[0, 4294967295]", kl_coef="[0, inf)")
     for name, interval in ranges.items():  # "[" and "]" include their bound, "(" and ")" leave it out
         value, (low, high) = getattr(args, name), map(float, interval[1:-1].split(","))
         if value is not None and not (low < value < high or value == low and interval[0] == "["
@@ -766,6 +692,14 @@ def evaluate(path, args, writer):
     env.close()
     if returns:
         print(f"eval: mean return over {len(returns)} episodes = {np.mean(returns):.1f}")
+
+
+def explained_variance(values, returns):
+    """1 - Var(returns - values) / Var(returns): the share of the return targets' variance that the critic's
+    values explain (1: all of it, 0: no better than their mean; NaN where the targets do not vary)."""
+    y_pred, y_true = values.numpy().ravel(), returns.numpy().ravel()
+    var_y = np.var(y_true)
+    return np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
 
 def open_logs(args, run_name):

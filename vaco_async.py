@@ -47,7 +47,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -88,8 +88,7 @@ class Args:
     clip_coef: float = 0.2
     """the clipping coefficient of the `--no-tv-filter` ablation and `--clip-vloss` (clipfrac counts past it)"""
     clip_vloss: bool = False
-    """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets
-    (`--clip-vloss` with both ablations is PPO)"""
+    """clip the value loss as PPO does; off by default: the critic regresses on V-trace targets"""
     ent_coef: float = 0.0
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -112,7 +111,8 @@ class Args:
     advantage_alignment: bool = True
     """V-trace advantages of pi_T, the learner at the update's start; `--no-advantage-alignment` uses GAE (ablation)"""
     tv_filter: bool = True
-    """TV filtering; `--no-tv-filter` uses PPO's clipped surrogate instead (ablation)"""
+    """TV filtering; `--no-tv-filter` uses PPO's clipped surrogate instead (ablation; with
+    `--no-advantage-alignment --clip-vloss` too, it is PPO)"""
     clip_reference: Literal["behaviour", "proximal"] = "behaviour"
     """with `--no-tv-filter`, what the clip is centred on: beta (PPO's clip), or pi_T with the weight pi_T/beta
     (decoupled PPO's, Hilton et al. 2021: V-trace's advantages under decoupled PPO's trust region)"""
@@ -161,13 +161,10 @@ class Args:
     """compile the minibatch update (loss, gradient, clipping, Adam) into one program with torch.compile,
     paid once at the first update (`--no-compile`: the same function, eagerly)"""
 
-    # to be filled in runtime
-    batch_size: int = 0
-    """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
-    """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
-    """the number of iterations (computed in runtime)"""
+    # computed from the options above at the start, not options themselves
+    batch_size: int = field(default=0, init=False)  # num_envs * num_steps
+    minibatch_size: int = field(default=0, init=False)  # batch_size // num_minibatches
+    num_iterations: int = field(default=0, init=False)  # updates: total_timesteps // batch_size
 
 
 class WithoutInfo(gym.Wrapper):
@@ -1171,16 +1168,12 @@ def main(args: Args):
         version += 1
         comm.publish(version, pack_policy(agent.actor, obs_rms))
 
-        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
-        var_y = np.var(y_true)
-        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-
         sps = progress.update(global_step, recent_returns, lag=np.mean(lags), last=iteration == num_iterations)
         elapsed = time.time() - progress.start_time
         writer.add_scalar("charts/learning_rate", lr.item(), global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b["values"], b["returns"]), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         log_actors(writer, global_step, elapsed, comm, actor_stats, segments_received=received, segments_used=used,
                    segments_dropped=dropped, updates_per_second=(iteration - start_iteration + 1) / elapsed,
@@ -1361,6 +1354,14 @@ def evaluate(path, args, writer):
     env.close()
     if returns:
         print(f"eval: mean return over {len(returns)} episodes = {np.mean(returns):.1f}")
+
+
+def explained_variance(values, returns):
+    """1 - Var(returns - values) / Var(returns): the share of the return targets' variance that the critic's
+    values explain (1: all of it, 0: no better than their mean; NaN where the targets do not vary)."""
+    y_pred, y_true = values.numpy().ravel(), returns.numpy().ravel()
+    var_y = np.var(y_true)
+    return np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
 
 def open_logs(args, run_name):

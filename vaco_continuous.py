@@ -33,7 +33,7 @@ import os
 import pickle
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -73,8 +73,7 @@ class Args:
     clip_coef: float = 0.2
     """the clipping coefficient of the `--no-tv-filter` ablation and `--clip-vloss` (clipfrac counts past it)"""
     clip_vloss: bool = False
-    """clip the value loss as PPO does; off for VACO: the critic regresses on V-trace targets
-    (`--clip-vloss` with both ablations is PPO)"""
+    """clip the value loss as PPO does; off by default: the critic regresses on V-trace targets"""
     ent_coef: float = 0.0
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -83,9 +82,6 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: Optional[float] = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
-    max_update_kl: Optional[float] = None
-    """stop an update's epochs once the policy has moved this far from pi_T: the exact KL(pi_T || pi_theta)
-    of the Gaussians, averaged over the batch's states, whichever policies acted (None: every epoch runs)"""
 
     # VACO
     tv_threshold: float = 0.1
@@ -100,7 +96,8 @@ class Args:
     advantage_alignment: bool = True
     """V-trace advantages of pi_T, the learner at the update's start; `--no-advantage-alignment` uses GAE (ablation)"""
     tv_filter: bool = True
-    """TV filtering; `--no-tv-filter` uses PPO's clipped surrogate instead (ablation)"""
+    """TV filtering; `--no-tv-filter` uses PPO's clipped surrogate instead (ablation; with
+    `--no-advantage-alignment --clip-vloss` too, it is PPO)"""
     clip_reference: Literal["behaviour", "proximal"] = "behaviour"
     """with `--no-tv-filter`, what the clip is centred on: beta (PPO's clip), or pi_T with the weight pi_T/beta
     (decoupled PPO's, Hilton et al. 2021: V-trace's advantages under decoupled PPO's trust region)"""
@@ -135,13 +132,10 @@ class Args:
     """compile the minibatch update (loss, gradient, clipping, Adam) into one program with torch.compile,
     paid once at the first update (`--no-compile`: the same function, eagerly)"""
 
-    # to be filled in runtime
-    batch_size: int = 0
-    """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
-    """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
-    """the number of iterations (computed in runtime)"""
+    # computed from the options above at the start, not options themselves
+    batch_size: int = field(default=0, init=False)  # num_envs * num_steps
+    minibatch_size: int = field(default=0, init=False)  # batch_size // num_minibatches
+    num_iterations: int = field(default=0, init=False)  # updates: total_timesteps // batch_size
 
 
 class WithoutInfo(gym.Wrapper):
@@ -268,20 +262,6 @@ def gaussian_logprob(action, mean, logstd):
 
 def gaussian_entropy(logstd):
     return (0.5 + 0.5 * np.log(2 * np.pi) + logstd).sum(-1)
-
-
-def gaussian_kl(mean_p, logstd_p, mean_q, logstd_q):
-    """KL(p || q) of diagonal Gaussians, per row:
-        sum_j log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2"""
-    return (logstd_q - logstd_p + ((2 * logstd_p).exp() + (mean_p - mean_q) ** 2) / (2 * (2 * logstd_q).exp())
-            - 0.5).sum(-1)
-
-
-@torch.no_grad()
-def update_kl(actor, obs, proximal):
-    """How far the policy has moved from pi_T: KL(pi_T || pi_theta) averaged over the states `obs`, with pi_T's
-    (mean, log-std) there in `proximal`. Exact for Gaussians, so it does not depend on which actions were taken."""
-    return gaussian_kl(*proximal, *actor(obs)).mean().item()
 
 
 # --8<-- [start:lag_simulator]
@@ -652,9 +632,6 @@ def main(args: Args):
         # flatten what the minibatches read: [T, N, ...] -> [T * N, ...]
         flat = {key: b[key].reshape(args.batch_size, *b[key].shape[2:]) for key in
                 ("obs", "actions", "behaviour_logprobs", "proximal_logprobs", "advantages", "returns", "values")}
-        flat["ages"] = torch.as_tensor(ages).repeat(args.num_steps)  # each sample's snapshot age, in the same order
-        with torch.no_grad():  # pi_T on the batch's states (copied: the log-std is the parameter the epochs move)
-            proximal = tuple(t.clone() for t in agent.actor(flat["obs"]))
 
         # Optimizing the policy and value network
         stats = collections.defaultdict(list)
@@ -667,22 +644,15 @@ def main(args: Args):
 
             if args.target_kl is not None and stats["approx_kl"][-1] > args.target_kl:
                 break
-            if args.max_update_kl is not None and update_kl(agent.actor, flat["obs"], proximal) > args.max_update_kl:
-                break
 
         # The actors pick up the new policy (it joins the buffer; the oldest snapshot drops out).
         policy_buffer.push(agent.actor)
-
-        y_pred, y_true = b["values"].numpy().ravel(), b["returns"].numpy().ravel()
-        var_y = np.var(y_true)
-        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         sps = progress.update(global_step, recent_returns, lag=ages.mean(), last=iteration == num_iterations)
         writer.add_scalar("charts/learning_rate", lr.item(), global_step)
         for name, values_list in stats.items():  # means over all minibatches of the update
             writer.add_scalar(f"losses/{name}", torch.stack(values_list).mean().item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        writer.add_scalar("charts/update_kl", update_kl(agent.actor, flat["obs"], proximal), global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b["values"], b["returns"]), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
                 and iteration < num_iterations:
@@ -706,7 +676,7 @@ def check_args(args: Args) -> None:
     ranges = dict(  # every numeric option: the interval of values it takes
         total_timesteps="[1, inf)", num_envs="[1, inf)", num_steps="[1, inf)", num_minibatches="[1, inf)",
         update_epochs="[1, inf)", policy_buffer="[1, inf)", learning_rate="(0, inf)", max_grad_norm="(0, inf)",
-        clip_coef="(0, inf)", target_kl="(0, inf)", max_update_kl="(0, inf)", gamma="[0, 1]", gae_lambda="[0, 1]",
+        clip_coef="(0, inf)", target_kl="(0, inf)", gamma="[0, 1]", gae_lambda="[0, 1]",
         ent_coef="[0, inf)", vf_coef="[0, inf)", eval_episodes="[0, inf)", checkpoint_every="[0, inf)",
         seed="[0, 4294967295]", tv_threshold="(0, inf)", rho_bar="(0, inf)", c_bar="(0, inf)")
     for name, interval in ranges.items():  # "[" and "]" include their bound, "(" and ")" leave it out
@@ -853,6 +823,14 @@ def evaluate(path, args, writer):
     env.close()
     if returns:
         print(f"eval: mean return over {len(returns)} episodes = {np.mean(returns):.1f}")
+
+
+def explained_variance(values, returns):
+    """1 - Var(returns - values) / Var(returns): the share of the return targets' variance that the critic's
+    values explain (1: all of it, 0: no better than their mean; NaN where the targets do not vary)."""
+    y_pred, y_true = values.numpy().ravel(), returns.numpy().ravel()
+    var_y = np.var(y_true)
+    return np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
 
 def open_logs(args, run_name):

@@ -1,4 +1,4 @@
-"""Decoupled PPO (`ppo_continuous.py --clip-reference proximal`): its loss and gradient on a worked
+"""Decoupled PPO (`decoupled_ppo_continuous.py`): its loss and gradient on a worked
 example, and its runs: PPO's bit for bit without lag, its own under lag."""
 
 import math
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+import decoupled_ppo_continuous as decoupled
 import ppo_continuous as ppo
 
 # Four samples, eps = 0.2. Per sample: the advantage A, w = pi_T/beta, r = pi_theta/pi_T.
@@ -30,7 +31,7 @@ def worked_example():
 
 def test_worked_example_loss_and_gradient():
     newlogprob, behaviour, proximal, advantages = worked_example()
-    loss, rho, r = ppo.decoupled_policy_loss(newlogprob, behaviour, proximal, advantages, clip_coef=0.2)
+    loss, rho, r = decoupled.decoupled_policy_loss(newlogprob, behaviour, proximal, advantages, clip_coef=0.2)
     loss.backward()
     assert loss.item() == pytest.approx(37.2, rel=1e-6)
     np.testing.assert_allclose(newlogprob.grad.numpy(), [-0.55, 0.0, 0.0, 37.5], rtol=1e-6, atol=1e-7)
@@ -42,7 +43,7 @@ def test_a_weight_too_large_for_float32_is_capped_without_a_nan_gradient():
     # pi_T/beta = e^94 overflows float32: the capped weight 100 must still give finite, exact gradients
     behaviour, proximal = torch.tensor([-95.0, -1.0]), torch.tensor([-1.0, -1.0])
     newlogprob = proximal.clone().requires_grad_()  # r = 1: inside the clip
-    loss, _, _ = ppo.decoupled_policy_loss(newlogprob, behaviour, proximal, torch.tensor([1.0, 1.0]), 0.2)
+    loss, _, _ = decoupled.decoupled_policy_loss(newlogprob, behaviour, proximal, torch.tensor([1.0, 1.0]), 0.2)
     loss.backward()
     assert loss.item() == pytest.approx(-(100.0 + 1.0) / 2)
     assert newlogprob.grad.tolist() == pytest.approx([-50.0, -0.5])
@@ -63,10 +64,10 @@ def test_without_lag_it_is_ppo_s_loss_and_gradient():
     behaviour, advantages = torch.randn(64, generator=g), torch.randn(64, generator=g)
     shift = 0.3 * torch.randn(64, generator=g)
     results = []
-    for decoupled in (False, True):
+    for is_decoupled in (False, True):
         newlogprob = (behaviour + shift).requires_grad_()
-        if decoupled:
-            loss = ppo.decoupled_policy_loss(newlogprob, behaviour, behaviour, advantages, 0.2)[0]
+        if is_decoupled:
+            loss = decoupled.decoupled_policy_loss(newlogprob, behaviour, behaviour, advantages, 0.2)[0]
         else:
             loss = ppo.ppo_policy_loss(newlogprob, behaviour, advantages, 0.2)[0]
         loss.backward()
@@ -83,28 +84,28 @@ COMPARED = ["charts/episodic_return", "losses/value_loss", "losses/entropy",
 def test_at_k1_it_trains_as_ppo_bit_for_bit(train):
     settings = dict(total_timesteps=512, learning_rate=3e-3)  # 4 updates with large steps: the clip acts
     _, reference = train(ppo, exp_name="ppo", **settings)
-    _, decoupled = train(ppo, exp_name="decoupled", clip_reference="proximal", **settings)
+    _, run = train(decoupled, exp_name="decoupled", **settings)
     assert max(reference["losses/clipfrac"]) > 0
     # w = pi_T/beta is 1 only up to rounding here (the learner evaluates the whole batch at once, the
     # actors one step at a time), and still the gradient, so the run, is PPO's to the bit
     assert max(reference["charts/backward_ratio_max"]) < 1 + 1e-5
     for tag in COMPARED:
-        assert decoupled[tag] == reference[tag], tag
+        assert run[tag] == reference[tag], tag
     # the loss's value differs by rounding at most, where the clip binds (its constant is w clip(r) A)
-    np.testing.assert_allclose(decoupled["losses/policy_loss"], reference["losses/policy_loss"], rtol=1e-5)
+    np.testing.assert_allclose(run["losses/policy_loss"], reference["losses/policy_loss"], rtol=1e-5)
 
 
 def test_under_lag_it_trains_its_own_way(train):
     settings = dict(total_timesteps=512, learning_rate=3e-3, policy_buffer=4)
     _, reference = train(ppo, exp_name="ppo", **settings)
-    _, decoupled = train(ppo, exp_name="decoupled", clip_reference="proximal", **settings)
+    _, run = train(decoupled, exp_name="decoupled", **settings)
     # the first update has no stale snapshot yet: the same (w = 1 to rounding, as at K = 1); later ones differ
-    np.testing.assert_allclose(decoupled["losses/policy_loss"][0], reference["losses/policy_loss"][0], rtol=1e-5)
-    assert not np.allclose(decoupled["losses/policy_loss"][1:], reference["losses/policy_loss"][1:], rtol=1e-3)
-    weights_mean, weights_max = decoupled["charts/backward_ratio_mean"], decoupled["charts/backward_ratio_max"]
+    np.testing.assert_allclose(run["losses/policy_loss"][0], reference["losses/policy_loss"][0], rtol=1e-5)
+    assert not np.allclose(run["losses/policy_loss"][1:], reference["losses/policy_loss"][1:], rtol=1e-3)
+    weights_mean, weights_max = run["charts/backward_ratio_mean"], run["charts/backward_ratio_max"]
     # w is 1 (to rounding) in a batch whose actors all drew the current policy, away from 1 with a stale one
-    stale = [lag > 0 for lag in decoupled["charts/policy_lag_max"]]
+    stale = [lag > 0 for lag in run["charts/policy_lag_max"]]
     assert not stale[0] and any(stale)
     assert all(top > 1.01 if lag else top == pytest.approx(1.0, abs=1e-5) for top, lag in zip(weights_max, stale))
     assert all(0 < mean <= top for mean, top in zip(weights_mean, weights_max))
-    assert all(math.isfinite(v) and 0 <= v <= 1 for v in decoupled["losses/clipfrac"])
+    assert all(math.isfinite(v) and 0 <= v <= 1 for v in run["losses/clipfrac"])

@@ -8,19 +8,20 @@ import os
 import pytest
 import torch
 
-import ppo_continuous as ppo
+import decoupled_ppo_continuous as decoupled
 from benchmark.common import write_csv
 from benchmark.study import lag_by_age
 from conftest import ROOT, TINY, read_scalars
 
-SETTINGS = dict(TINY, total_timesteps=512, policy_buffer=3, clip_reference="proximal")  # 4 updates, ages 0-2
+SETTINGS = dict(TINY, total_timesteps=512, policy_buffer=3)  # 4 updates, ages 0-2
 
 
 @pytest.fixture
 def instrumented(tmp_path, monkeypatch):
-    """The rows of an instrumented run of ppo_continuous.py at SETTINGS, and its TensorBoard scalars."""
+    """The rows of an instrumented run of decoupled_ppo_continuous.py at SETTINGS, and its TensorBoard scalars."""
     monkeypatch.chdir(tmp_path)
-    module = lag_by_age.import_script(os.path.join(ROOT, "ppo_continuous.py"), "ppo_continuous_instrumented")
+    module = lag_by_age.import_script(os.path.join(ROOT, "decoupled_ppo_continuous.py"),
+                                       "decoupled_ppo_continuous_instrumented")
     rows = []
     lag_by_age.instrument(module, rows)
     module.main(module.Args(**SETTINGS, exp_name="instrumented"))  # its own run folder beside the plain run's
@@ -32,7 +33,7 @@ def instrumented(tmp_path, monkeypatch):
 
 def test_an_instrumented_run_trains_as_the_script_alone(instrumented, train):
     _, scalars = instrumented
-    _, plain = train(ppo, exp_name="plain", total_timesteps=512, policy_buffer=3, clip_reference="proximal")
+    _, plain = train(decoupled, exp_name="plain", total_timesteps=512, policy_buffer=3)
     for tag in ("losses/policy_loss", "losses/entropy", "charts/episodic_return", "charts/backward_ratio_max"):
         assert scalars[tag] == plain[tag]
 
@@ -56,17 +57,17 @@ def test_rows_per_age_add_up_to_the_batch_and_follow_the_entropy(instrumented):
 
 def test_each_sample_s_push_sums_to_minus_the_log_std_gradient():
     torch.manual_seed(0)
-    agent, n = ppo.Agent(4, 2), 32
+    agent, n = decoupled.Agent(4, 2), 32
     g = torch.Generator().manual_seed(1)
     behaviour = -torch.rand(n, generator=g) - 2
     flat = dict(obs=torch.randn(n, 4, generator=g), actions=torch.randn(n, 2, generator=g), behaviour_logprobs=behaviour,
                 proximal_logprobs=behaviour + 0.2 * torch.randn(n, generator=g), returns=torch.randn(n, generator=g),
                 values=torch.randn(n, generator=g), ages=torch.zeros(n))
     advantages = torch.randn(n, generator=g)
-    args = ppo.Args(clip_reference="proximal")
-    push = lag_by_age.per_sample_logstd_push(ppo, agent, flat, args, advantages)
+    args = decoupled.Args()
+    push = lag_by_age.per_sample_logstd_push(decoupled, agent, flat, args, advantages)
     params = {name: p.detach().requires_grad_() for name, p in agent.named_parameters()}
-    loss, _ = ppo.minibatch_loss(params, agent, {**flat, "advantages": advantages}, args)
+    loss, _ = decoupled.minibatch_loss(params, agent, {**flat, "advantages": advantages}, args)
     (grad,) = torch.autograd.grad(loss, [params["actor.logstd"]])
     assert push.sum().item() == pytest.approx(-grad.sum().item(), rel=1e-5)
 

@@ -23,13 +23,13 @@ and how the entropy changed during this update's first epoch (`entropy_change_fi
 epochs (`entropy_change`). The per-sample log-std is a [batch, action] tensor passed in
 place of the parameter, so that its gradient is each sample's part and the parts sum to the parameter's gradient.
 
-    python benchmark/study/lag_by_age.py ppo_continuous.py --out hopper_decoupled_k32.csv \
-        -- --env-id Hopper-v4 --policy-buffer 32 --clip-reference proximal --seed 1
+    python benchmark/study/lag_by_age.py decoupled_ppo_continuous.py --out hopper_decoupled_k32.csv \
+        -- --env-id Hopper-v4 --policy-buffer 32 --seed 1
     python benchmark/study/lag_by_age.py vaco_continuous.py --out hopper_vtrace_k32.csv \
         -- --env-id Hopper-v4 --policy-buffer 32 --no-tv-filter --clip-reference proximal --seed 1
 
 Every script whose main calls `estimate_advantages(agent, b, args)` and `PolicyBuffer.sample_ages` works:
-ppo_continuous.py, spo_continuous.py, vaco_continuous.py and geppo_continuous.py. The run's TensorBoard log goes
+ppo_continuous.py, decoupled_ppo_continuous.py, spo_continuous.py, vaco_continuous.py and geppo_continuous.py. The run's TensorBoard log goes
 to runs/ under the working folder, as the script's own would.
 """
 
@@ -52,7 +52,7 @@ COLUMNS = ["update", "step", "age", "samples", "advantage_mean", "abs_z_mean", "
 @dataclass
 class Args:
     script: tyro.conf.Positional[str]
-    """the script to run, e.g. ppo_continuous.py (a top-level script of this repository, or a path)"""
+    """the script to run, e.g. decoupled_ppo_continuous.py (a top-level script of this repository, or a path)"""
     out: str
     """the CSV to write, one row per update and snapshot age (refused if it exists)"""
 
