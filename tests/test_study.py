@@ -167,6 +167,34 @@ def test_the_median_improvement_is_not_carried_by_one_task_far_ahead():
     assert any(line.startswith("| median relative to PPO's return | +20.0 % [") for line in lines)
 
 
+def test_an_added_seed_enters_the_report_once_it_is_in_on_every_task():
+    # seeds 1-3 of PPO at K = 1 planned by one preset, 4 and 5 added by another (MORE_SEEDS): seed 4 is in on TaskA only,
+    # so it is left out, whole, and the header says what is still running; once in on TaskB too it counts everywhere
+    def run(task, seed, final):
+        return {"task": task, "algorithm": "ppo", "k": 1, "seed": seed, "total_timesteps": 10}, \
+            [{"step": i + 1, "episodes": 1, "return_mean": final} for i in range(10)]
+
+    tasks, randoms = ("TaskA-v4", "TaskB-v4"), {"TaskA-v4": 0.0, "TaskB-v4": 0.0}
+    base = {(t, "ppo", 1, s) for t in tasks for s in (1, 2, 3)}
+    added = {(t, "ppo", 1, s) for t in tasks for s in (4, 5)}
+    runs = [run(t, s, 100) for t in tasks for s in (1, 2, 3)] + [run("TaskA-v4", 4, 400)]
+    study = analyze.study_of(runs, randoms, planned=base | added, added=added)
+    assert sorted(study.raw[("ppo", 1)]["TaskA-v4"]) == [1, 2, 3] and len(study.runs) == 6
+    assert scores.reference_scores(study.raw)["TaskA-v4"]["final"] == 100  # seed 4's 400 moves no number
+    assert study.waiting == {("ppo", 1): ([4, 5], 1, 4)}
+    assert ("Still running, and in no number here until a seed is in on every task: seeds 4, 5 of PPO at K = 1 "
+            "(1 of 4 runs in).") in analyze.header(study)
+    study = analyze.study_of(runs + [run("TaskB-v4", 4, 400)], randoms, planned=base | added, added=added)
+    assert sorted(study.raw[("ppo", 1)]["TaskB-v4"]) == [1, 2, 3, 4]
+    assert scores.reference_scores(study.raw)["TaskA-v4"]["final"] == 175  # (3 x 100 + 400) / 4
+    assert study.waiting == {("ppo", 1): ([5], 0, 2)}
+    assert "seed 5 of PPO at K = 1 (0 of 2 runs in)" in analyze.header(study)[4]
+    # the ten tasks' folder: seeds 4-10 of the four cells are added, one seed at a time
+    added = presets.planned_runs(os.path.join("benchmark", "results", "ten-tasks"), presets.MORE_SEEDS)
+    assert {(a, k) for _, a, k, _ in added} == {("ppo", 1), ("ppo", 8), ("vaco", 8), ("ppo-decoupled", 8)}
+    assert {s for *_, s in added} == set(range(4, 11)) and len(added) == 280
+
+
 def test_a_cell_of_one_seed_shows_its_return_without_an_interval():
     runs = [(dict(task="TaskA-v4", algorithm=algorithm, k=1, seed=seed, total_timesteps=10),
              [dict(step=10, episodes=1, return_mean=final)]) for algorithm, seed, final in

@@ -12,6 +12,7 @@ aggregates with 95% stratified-bootstrap intervals, seeded: the same CSVs always
 
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -20,7 +21,7 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.study.plotting import FigureFolder  # noqa: E402
-from benchmark.study.presets import MAIN_ALGORITHMS, planned_runs  # noqa: E402
+from benchmark.study.presets import MAIN_ALGORITHMS, MORE_SEEDS, method, planned_runs  # noqa: E402
 from benchmark.study.random_scores import load_random_scores, update_random_scores  # noqa: E402
 from benchmark.study.scores import load_runs, ppo_references, score_table  # noqa: E402
 from benchmark.study.sections import (aggregates, baselines, decoupled_diagnostics, diagnostics,  # noqa: E402
@@ -47,6 +48,7 @@ class Study:
     main_tasks: list  # the tasks where PPO and VACO ran at K = 1 and every K of the grid: the normalised comparisons
     compared: list  # the tasks where PPO or VACO ran at a K of the grid: the comparisons of returns
     planned: set  # {(task, algorithm, K, seed)} that the presets writing into this folder plan
+    waiting: dict  # {(algorithm, K): (seeds, runs in, runs planned)} of added seeds not yet in on every task: left out
     figures: FigureFolder  # where the figures go, and how the report links them
     reps: int = 2000  # bootstrap resamples
     seed: int = 0  # the bootstrap's seed
@@ -67,8 +69,26 @@ class Study:
         return any(a == "vaco" for a, _ in self.raw)
 
 
-def study_of(runs, randoms, folder=".", figures_dir=None, planned=frozenset(), reps=2000, seed=0, window=None):
-    """The Study of `runs` ([(meta, rows)]) and the random policy's returns `randoms` ({task: mean})."""
+def seeds_still_running(runs, added):
+    """{(algorithm, K, seed)} of the seeds that a preset adds to a block (`added`: planned runs of MORE_SEEDS) whose runs
+    are not yet in on every task of the block."""
+    done = {(meta["task"], meta["algorithm"], meta["k"], meta["seed"]) for meta, _ in runs}
+    return {(a, k, seed) for task, a, k, seed in added - done}
+
+
+def study_of(runs, randoms, folder=".", figures_dir=None, planned=frozenset(), reps=2000, seed=0, window=None,
+             added=frozenset()):
+    """The Study of `runs` ([(meta, rows)]) and the random policy's returns `randoms` ({task: mean}). Of the seeds that
+    a preset adds to a block (`added`, planned runs), those not yet in on every task are left out, whole."""
+    running = seeds_still_running(runs, added)
+    runs_in = Counter((meta["algorithm"], meta["k"], meta["seed"]) for meta, _ in runs)
+    runs_planned = Counter(p[1:] for p in added)
+    waiting = {}
+    for a, k, s in sorted(running):
+        seeds, done, expected = waiting.get((a, k), ([], 0, 0))
+        waiting[(a, k)] = (seeds + [s], done + runs_in[(a, k, s)], expected + runs_planned[(a, k, s)])
+    runs = [(meta, rows) for meta, rows in runs if (meta["algorithm"], meta["k"], meta["seed"]) not in running]
+    planned = {p for p in planned if p[1:] not in running}
     tasks = sorted({meta["task"] for meta, _ in runs})
     raw, normalised = score_table(runs, randoms)
     keys = sorted(raw, key=lambda key: (key[0] not in MAIN_ALGORITHMS, key[0], key[1]))
@@ -78,7 +98,7 @@ def study_of(runs, randoms, folder=".", figures_dir=None, planned=frozenset(), r
     main_tasks = [t for t in tasks if all(t in raw.get((a, k), {}) for a in ("ppo", "vaco") for k in {1, *ks})]
     compared = [t for t in tasks if any(raw.get((a, k), {}).get(t) for a in ("ppo", "vaco") for k in ks)]
     return Study(folder=folder, runs=runs, randoms=randoms, raw=raw, normalised=normalised, tasks=tasks, keys=keys,
-                 ks=ks, main_tasks=main_tasks, compared=compared, planned=planned,
+                 ks=ks, main_tasks=main_tasks, compared=compared, planned=planned, waiting=waiting,
                  figures=FigureFolder(figures_dir or folder, folder), reps=reps, seed=seed, window=window)
 
 
@@ -90,14 +110,25 @@ def load_study(results_dir, figures_dir=None, reps=2000, seed=0, window=None):
     stored = load_random_scores(results_dir)
     entries = update_random_scores(results_dir, [t for t in tasks if t not in stored], ppo_references(runs))
     randoms = {task: entry["mean"] for task, entry in entries.items()}
-    return study_of(runs, randoms, results_dir, figures_dir, planned_runs(results_dir), reps, seed, window)
+    return study_of(runs, randoms, results_dir, figures_dir, planned_runs(results_dir), reps, seed, window,
+                    added=planned_runs(results_dir, MORE_SEEDS))
 
 
 def header(study):
+    waiting = [f"seed{'s' if len(seeds) > 1 else ''} {seed_range(seeds)} of {method(a).name} at K = {k} "
+               f"({runs_in} of {runs_planned} runs in)" for (a, k), (seeds, runs_in, runs_planned) in study.waiting.items()]
     return [f"# Study results: {os.path.basename(os.path.abspath(study.folder))}", "",
             f"{len(study.runs)} finished runs. Random-policy returns: "
             + ", ".join(f"{t} {study.randoms[t]:.1f}" for t in study.tasks) + "."
-            + ("" if ("ppo", 1) in study.raw else " No run of PPO at K = 1, so no normalised scores: returns only."), ""]
+            + ("" if ("ppo", 1) in study.raw else " No run of PPO at K = 1, so no normalised scores: returns only."), "",
+            *([f"Still running, and in no number here until a seed is in on every task: {'; '.join(waiting)}.", ""]
+              if waiting else [])]
+
+
+def seed_range(seeds):
+    """4-10 for consecutive seeds, else 4, 6, 9."""
+    consecutive = seeds == list(range(seeds[0], seeds[-1] + 1))
+    return f"{seeds[0]}–{seeds[-1]}" if consecutive and len(seeds) > 2 else ", ".join(map(str, seeds))
 
 
 def report(study):

@@ -211,6 +211,10 @@ FOLDERS = {"ten-tasks-proximal": "ten-tasks", "ten-tasks-trust-region": "ten-tas
            "ten-tasks-geppo-eps": "ten-tasks", "ten-tasks-k32-remedies": "ten-tasks", "ten-tasks-k32-screen": "ten-tasks",
            "ten-tasks-kl-stop": "ten-tasks", "ten-tasks-ten-seeds": "ten-tasks"}
 
+# Presets that add seeds to blocks another preset has run: each of their seeds enters the report once its runs are in
+# on every task of its block (analyze.py), so that a sitting's partial seed never moves a number
+MORE_SEEDS = {"ten-tasks-ten-seeds"}
+
 # How the report groups and orders the methods (their names: METHODS). The algorithms of its aggregates, in the order of
 # its tables and figures; the methods under lag that it sets beside PPO (the lag they win back, the trust region, a
 # larger lag); what was tried to win back more of the lag at K = 32, which the remedies section sets beside decoupled
@@ -284,9 +288,10 @@ def grid(preset, steps=None):
     return list(dict.fromkeys(runs))
 
 
-def planned_runs(results_dir):
+def planned_runs(results_dir, presets=PRESETS):
     """{(task, algorithm, k, seed)} that the presets writing into this folder plan (empty for a folder no preset
-    writes: then a block counts as finished with synchronous PPO's number of seeds on every task)."""
+    writes: then a block counts as finished with synchronous PPO's number of seeds on every task); of `presets` only,
+    e.g. MORE_SEEDS."""
     name = os.path.basename(os.path.abspath(results_dir))
-    return {(r.task, r.algorithm, r.k, r.seed) for preset in PRESETS if FOLDERS.get(preset, preset) == name
+    return {(r.task, r.algorithm, r.k, r.seed) for preset in presets if FOLDERS.get(preset, preset) == name
             for r in grid(preset)}
