@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import tyro
-from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmark.common import t_interval  # noqa: E402
 from benchmark.study.scores import load_runs, run_scores  # noqa: E402
 
 
@@ -43,10 +43,10 @@ def final_returns(folder):
     return cells
 
 
-def interval(values, confidence=0.95):
-    mean, sem = np.mean(values), stats.sem(values)
-    half = sem * stats.t.ppf((1 + confidence) / 2, len(values) - 1) if len(values) > 1 else np.inf
-    return mean, mean - half, mean + half
+def interval(values):
+    """Mean and the ends of its 95 % t-interval (common.t_interval); unbounded for one seed, which rules nothing out."""
+    mean, (low, high) = t_interval(values)
+    return (mean, low, high) if len(values) > 1 else (mean, -np.inf, np.inf)
 
 
 def table(reference, other, names):

@@ -7,7 +7,6 @@ wins back, bootstrapped the same way. (The Student-t interval of a mean over see
 
 import numpy as np
 
-from benchmark.common import t_interval  # noqa: F401 (report.py imports it from here)
 from benchmark.study.scores import finals
 
 METRICS = ["Median", "IQM", "Mean", "Optimality Gap"]

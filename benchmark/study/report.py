@@ -3,7 +3,7 @@ page includes it (pymdownx.snippets), numbers with their intervals, the rows of 
 block of runs still running.
 """
 
-from benchmark.study.estimates import t_interval
+from benchmark.common import t_interval
 from benchmark.study.presets import method
 
 
