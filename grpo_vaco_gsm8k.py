@@ -785,39 +785,34 @@ def samples_markdown(problems, completions, rewards, n: int) -> str:
     return "\n\n---\n\n".join(blocks)
 
 
+# every numeric option: the interval of values it takes ("[" and "]" include their bound, "(" and ")" leave it out,
+# so inf and nan are outside every one). group_size: GRPO's baseline is the group mean; staleness: a batch cannot come
+# from a later policy; dppo_delta bounds a change of probability; m2po_bound a mean of squares; 0 means: num_threads
+# torch's default, micro_batch_size the whole minibatch, clip_coef VACO's token rule, beta and format_reward off.
+RANGES = dict(
+    seed="[0, 4294967295]", num_threads="[0, inf)", save_every="[0, inf)", staleness="[0, inf)", num_steps="[1, inf)",
+    num_prompts="[1, inf)", group_size="[2, inf)", num_minibatches="[1, inf)", micro_batch_size="[0, inf)",
+    learning_rate="(0, inf)", weight_decay="[0, inf)", max_grad_norm="(0, inf)", temperature="(0, inf)",
+    max_new_tokens="[1, inf)", adv_eps="(0, inf)", clip_coef="[0, inf)", epsilon_high="[0, inf)",
+    tv_threshold="[0, inf)", dppo_delta="(0, 1)", tis_cap="(0, inf)", m2po_bound="(0, inf)", beta="[0, inf)",
+    format_reward="[0, inf)", eval_every="[0, inf)", eval_size="[0, inf)", eval_samples="[0, inf)",
+    pass_k="[1, inf)", eval_batch_size="[1, inf)", num_logged_samples="[0, inf)")
+
+
 def validate(args: Args):
-    """Checks that need no model or data; each failure is one clear line."""
-    checks = [
-        (args.group_size >= 2, f"--group-size must be at least 2 (got {args.group_size}): GRPO's baseline is the group mean"),
-        (args.num_prompts >= 1, f"--num-prompts must be at least 1 (got {args.num_prompts})"),
-        (args.num_minibatches >= 1, f"--num-minibatches must be at least 1 (got {args.num_minibatches})"),
-        ((args.num_prompts * args.group_size) % max(args.num_minibatches, 1) == 0,
-         f"the batch (--num-prompts {args.num_prompts} x --group-size {args.group_size} = "
-         f"{args.num_prompts * args.group_size} completions) is not divisible by --num-minibatches {args.num_minibatches}"),
-        (args.num_steps >= 1, f"--num-steps must be at least 1 (got {args.num_steps})"),
-        (args.staleness >= 0, f"--staleness must be >= 0 (got {args.staleness}): a batch cannot come from a later policy"),
-        (args.micro_batch_size >= 0, f"--micro-batch-size must be >= 0 (got {args.micro_batch_size})"),
-        (args.temperature > 0, f"--temperature must be > 0 (got {args.temperature})"),
-        (args.max_new_tokens >= 1, f"--max-new-tokens must be at least 1 (got {args.max_new_tokens})"),
-        (args.learning_rate > 0, f"--learning-rate must be > 0 (got {args.learning_rate})"),
-        (args.clip_coef >= 0, f"--clip-coef must be >= 0 (got {args.clip_coef})"),
-        (args.epsilon_high is None or args.epsilon_high >= 0, f"--epsilon-high must be >= 0 (got {args.epsilon_high})"),
-        (args.tv_threshold >= 0, f"--tv-threshold must be >= 0 (got {args.tv_threshold})"),
-        (0 < args.dppo_delta < 1, f"--dppo-delta must be in (0, 1): it bounds a change of probability (got {args.dppo_delta})"),
-        (args.tis_cap > 0, f"--tis-cap must be > 0 (got {args.tis_cap})"),
-        (args.m2po_bound > 0, f"--m2po-bound must be > 0 (got {args.m2po_bound}): it bounds a mean of squares"),
-        (args.beta >= 0, f"--beta must be >= 0 (got {args.beta})"),
-        (args.eval_size >= 0 and args.eval_every >= 0, "--eval-size and --eval-every must be >= 0"),
-        (args.eval_batch_size >= 1, f"--eval-batch-size must be at least 1 (got {args.eval_batch_size})"),
-        (args.eval_samples >= 0, f"--eval-samples must be >= 0 (got {args.eval_samples})"),
-        (1 <= args.pass_k <= max(args.eval_samples, 1),
-         f"--pass-k {args.pass_k} needs 1 <= k <= --eval-samples ({args.eval_samples}): pass@k draws k of the samples"),
-        (args.num_logged_samples >= 0, f"--num-logged-samples must be >= 0 (got {args.num_logged_samples})"),
-        (args.save_every >= 0, f"--save-every must be >= 0 (got {args.save_every})"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UsageError(message)
+    """Checks that need no model or data, run before either loads; each failure is one clear line."""
+    for name, interval in RANGES.items():
+        value, (low, high) = getattr(args, name), map(float, interval[1:-1].split(","))
+        if value is not None and not (low < value < high or value == low and interval[0] == "["
+                                      or value == high and interval[-1] == "]"):
+            raise UsageError(f"--{name.replace('_', '-')} must be in {interval}, got {value}")
+    if (args.num_prompts * args.group_size) % args.num_minibatches:
+        raise UsageError(f"the batch (--num-prompts {args.num_prompts} x --group-size {args.group_size} = "
+                         f"{args.num_prompts * args.group_size} completions) is not divisible by --num-minibatches "
+                         f"{args.num_minibatches}")
+    if args.pass_k > max(args.eval_samples, 1):
+        raise UsageError(f"--pass-k {args.pass_k} needs 1 <= k <= --eval-samples ({args.eval_samples}): "
+                         "pass@k draws k of the samples")
     if args.save_model and os.path.exists(args.save_path):
         raise UsageError(f"--save-path {args.save_path} already exists: choose another one (nothing is overwritten)")
 

@@ -1,6 +1,7 @@
 """Tests for grpo_vaco_gsm8k.py. No downloads: a tiny random Qwen2 model and a byte-level BPE
 tokenizer are built here, saved to a temporary folder and loaded through the script's own path."""
 import copy
+import dataclasses
 import itertools
 import json
 import math
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import typing
 from dataclasses import replace
 from pathlib import Path
 
@@ -946,13 +948,13 @@ def bad_input(tmp_path, tiny_model_dir, jsonl_path):
         "malformed line": (dict(dataset_path=str(malformed)), "bad.jsonl:2: malformed line"),
         "no #### answer": (dict(dataset_path=str(no_gold)), "nogold.jsonl:1: malformed line"),
         "indivisible batch": (dict(num_prompts=3, group_size=2, num_minibatches=4), "not divisible by --num-minibatches 4"),
-        "group of one": (dict(group_size=1), "--group-size must be at least 2"),
-        "negative clip": (dict(clip_coef=-0.1), "--clip-coef must be >= 0"),
-        "dppo delta of 1": (dict(dppo_delta=1.0), "--dppo-delta must be in (0, 1)"),
+        "group of one": (dict(group_size=1), "--group-size must be in [2, inf), got 1"),
+        "negative clip": (dict(clip_coef=-0.1), "--clip-coef must be in [0, inf), got -0.1"),
+        "dppo delta of 1": (dict(dppo_delta=1.0), "--dppo-delta must be in (0, 1), got 1.0"),
         "unknown model": (dict(model_id=str(tmp_path / "no_such_model")), "cannot load model"),
         "save path exists": (dict(save_model=True, save_path=str(existing)), "already exists"),
         "too few problems": (dict(eval_size=6), "need more than --eval-size 6"),
-        "negative staleness": (dict(staleness=-1), "--staleness must be >= 0 (got -1)"),
+        "negative staleness": (dict(staleness=-1), "--staleness must be in [0, inf), got -1"),
         "test file without answers": (dict(test_path=str(no_answers)), "questions.jsonl:1: malformed line"),
         "pass@k above the samples": (dict(eval_samples=3, pass_k=4), "--pass-k 4 needs 1 <= k <= --eval-samples (3)"),
         "pass@k without samples": (dict(pass_k=2), "--pass-k 2 needs 1 <= k <= --eval-samples (0)"),
@@ -980,6 +982,64 @@ def test_bad_input_from_the_command_line_has_no_traceback(tmp_path, tiny_model_d
     assert result.stderr.strip().splitlines() == [
         "error: the batch (--num-prompts 2 x --group-size 4 = 8 completions) is not divisible by --num-minibatches 3"
     ]
+
+
+# option -> values outside the interval it takes: every numeric option of Args (inf and nan where it is a float)
+INF, NAN = float("inf"), float("nan")
+OUT_OF_RANGE = dict(
+    seed=[-1, 2**32], num_threads=[-1], save_every=[-1], staleness=[-1], num_steps=[0], num_prompts=[0],
+    group_size=[1, 0], num_minibatches=[0], micro_batch_size=[-1], learning_rate=[0.0, -1.0, INF, NAN],
+    weight_decay=[-1.0, INF, NAN], max_grad_norm=[0.0, -1.0, INF, NAN], temperature=[0.0, -1.0, INF, NAN],
+    max_new_tokens=[0], adv_eps=[0.0, -1.0, INF, NAN], clip_coef=[-0.1, INF, NAN], epsilon_high=[-0.1, INF, NAN],
+    tv_threshold=[-0.1, INF, NAN], dppo_delta=[0.0, 1.0, -0.1, NAN], tis_cap=[0.0, -1.0, INF, NAN],
+    m2po_bound=[0.0, -1.0, INF, NAN], beta=[-0.1, INF, NAN], format_reward=[-1.0, INF, NAN], eval_every=[-1],
+    eval_size=[-1], eval_samples=[-1], pass_k=[0], eval_batch_size=[0], num_logged_samples=[-1])
+RANGE_CASES = [(name, value) for name, values in OUT_OF_RANGE.items() for value in values]
+
+
+def test_every_numeric_option_has_its_bad_cases():
+    numeric = {f.name for f in dataclasses.fields(g.Args) if {int, float} & {f.type, *typing.get_args(f.type)}}
+    assert numeric == OUT_OF_RANGE.keys() == g.RANGES.keys()
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for loader in ("load_model", "load_problems"):
+        monkeypatch.setattr(g, loader, lambda *args, **kwargs: pytest.fail("the model or the data was loaded"))
+
+
+@pytest.mark.parametrize("name, value", RANGE_CASES, ids=[f"{n}={v}" for n, v in RANGE_CASES])
+def test_a_value_out_of_range_is_one_line_before_anything_loads(name, value, nothing_loads, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        g.main(tiny_args(str(tmp_path / "no_model"), str(tmp_path / "no_data.jsonl"), **{name: value}))
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert not out and err.strip().splitlines() == [f"error: --{name.replace('_', '-')} must be in {g.RANGES[name]}, got {value}"]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name, value", [("max_grad_norm", 1e9), ("temperature", 1e-3), ("clip_coef", 0.0),
+                                         ("tv_threshold", 0.0), ("beta", 0.0), ("format_reward", 0.0),
+                                         ("num_threads", 0), ("micro_batch_size", 0), ("seed", 2**32 - 1),
+                                         ("eval_size", 0), ("eval_every", 0), ("weight_decay", 0.0)])
+def test_a_value_in_range_passes_the_checks(name, value, nothing_loads, tmp_path):
+    g.validate(tiny_args(str(tmp_path / "no_model"), str(tmp_path / "no_data.jsonl"), **{name: value}))
+
+
+FROM_THE_COMMAND_LINE = [(("--max-grad-norm", "-1"), "error: --max-grad-norm must be in (0, inf), got -1.0"),
+                         (("--adv-eps", "0"), "error: --adv-eps must be in (0, inf), got 0.0"),
+                         (("--learning-rate", "inf"), "error: --learning-rate must be in (0, inf), got inf"),
+                         (("--seed", "-1"), "error: --seed must be in [0, 4294967295], got -1")]
+
+
+@pytest.mark.parametrize("flags, message", FROM_THE_COMMAND_LINE, ids=[" ".join(f) for f, _ in FROM_THE_COMMAND_LINE])
+def test_a_value_out_of_range_from_the_command_line(flags, message, tmp_path):
+    result = run_script(tmp_path, "--model-id", str(tmp_path / "no_model"), "--dataset-path",
+                        str(tmp_path / "no_data.jsonl"), *flags)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and not result.stdout
+    assert result.stderr.strip().splitlines()[-1] == message
+    assert not (tmp_path / "runs").exists()
 
 
 # ---------------------------------------------------------------------------------------------
