@@ -47,7 +47,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -1028,7 +1028,8 @@ def hand_out_settings(world_size, run_name, args, rng_states):
     returns once the actor has taken its message."""
     for rank in range(1, world_size):
         try:
-            dist.send_object_list([run_name, vars(args), rng_states.get(rank)], dst=rank)
+            options = {f.name: getattr(args, f.name) for f in fields(args) if f.init}  # not the sizes main computes
+            dist.send_object_list([run_name, options, rng_states.get(rank)], dst=rank)
         except RuntimeError as error:  # gloo's "Connection closed by peer": it died before taking it
             sys.exit(f"error: actor {rank} was lost during start-up: {str(error).splitlines()[0]}")
 

@@ -51,13 +51,14 @@ def rank_main(rank, world_size, port, handout, results):
     store.wait([f"ready{r}" for r in range(world_size)])
     if rank == 3:
         time.sleep(2.0)  # a slow actor: it posts its receive late
-    expected = ["run", {"seed": 1}, None]  # vaco_async.py's start-up message: run name, settings, noise state
+    settings = vaco_async.Args(seed=1)
+    expected = ["run", vars(settings), None]  # vaco_async.py's start-up message: run name, settings, noise state
     message = list(expected) if rank == 0 else [None, None, None]
     try:
         if handout == "broadcast":  # the collective vaco_async.py used to hand them out with
             dist.broadcast_object_list(message, src=0)
         elif rank == 0:  # its hand-out now: one message to each actor, from the learner
-            vaco_async.hand_out_settings(world_size, "run", argparse.Namespace(seed=1), {})
+            vaco_async.hand_out_settings(world_size, "run", settings, {})
         else:  # as each actor takes it (`actor_process`)
             dist.recv_object_list(message, src=0)
         results[rank] = "ok" if message == expected else f"wrong message {message}"
