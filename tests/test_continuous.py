@@ -192,14 +192,16 @@ def test_checkpoint_round_trip(module, tmp_path):
     obs_rms.update(np.random.default_rng(0).normal(3.0, 2.0, size=(50, 11)))
     path = str(tmp_path / "agent.cleanrl_model")
     module.save_checkpoint(path, {"agent": agent.state_dict(), "obs_rms": module.rms_state(obs_rms)})
-    loaded, loaded_rms = module.load_agent(path, 11, 3)
+    saved = torch.load(path, weights_only=True)
+    loaded, loaded_rms = module.Agent(11, 3), module.RunningMeanStd(shape=(11,))
+    loaded.load_state_dict(saved["agent"])
+    module.load_rms_state(loaded_rms, saved["obs_rms"])
     raw = np.random.default_rng(1).normal(3.0, 2.0, size=(8, 11))
     obs = torch.as_tensor(module.normalize_obs(raw, loaded_rms))
     torch.testing.assert_close(obs, torch.as_tensor(module.normalize_obs(raw, obs_rms)))
     for got, want in zip(loaded.actor(obs), agent.actor(obs)):
         torch.testing.assert_close(got, want)
-    with pytest.raises(FileExistsError):  # never overwrites
-        module.save_checkpoint(path, {})
+    assert os.listdir(tmp_path) == ["agent.cleanrl_model"]  # written through a temporary file, renamed
 
 
 class Payload:
@@ -251,12 +253,13 @@ def test_resume_restores_the_lag_simulator_as_saved(module, train):
     assert len(checkpoint["policy_buffer"]) == 2  # the initial policy and the first update's
     args = module.Args(**{**TINY, "total_timesteps": 384, "policy_buffer": 4, "resume": path})
     args.batch_size, args.num_iterations = 128, 3
+    assert module.check_args(args)["global_step"] == 128  # the checkpoint, once checked against these settings
     agent = module.Agent(11, 3)
     saved = dict(agent=agent, optimizer=module.adam_state(dict(agent.named_parameters())),
                  obs_rms=module.RunningMeanStd(shape=(11,)), reward_rms=module.RunningMeanStd(),
                  policy_buffer=module.PolicyBuffer(agent.actor, 4), generator=torch.Generator(),
                  action_generator=torch.Generator(), lag_rng=np.random.default_rng(0))
-    assert module.resume(args, saved) == (128, 2, 3)
+    assert module.resume(checkpoint, saved, args) == (128, 2, 3)
     snapshots = saved["policy_buffer"].snapshots
     assert len(snapshots) == 2
     for snapshot, state in zip(snapshots, checkpoint["policy_buffer"]):
@@ -269,9 +272,9 @@ def test_resume_restores_the_lag_simulator_as_saved(module, train):
 def test_resume_refuses_a_finished_or_foreign_checkpoint(module, train):
     run_dir, _ = train(module, total_timesteps=256, save_model=True, eval_episodes=0)
     (final,) = glob.glob(f"{run_dir}/*.cleanrl_model")
-    for overrides, message in [(dict(total_timesteps=256), "already at step 256; raise --total-timesteps"),
-                               (dict(env_id="Ant-v4", total_timesteps=512), "was trained on Hopper-v4, not Ant-v4"),
-                               (dict(resume="missing.pt"), "--resume missing.pt: no such file")]:
+    for overrides, message in [(dict(total_timesteps=256), "after the checkpoint's step 256: raise it to train on"),
+                               (dict(env_id="Ant-v4", total_timesteps=512), "--env-id Ant-v4 differs from Hopper-v4"),
+                               (dict(resume="missing.pt"), "error: missing.pt: no such file")]:
         with pytest.raises(SystemExit, match=message):
             train(module, **{"resume": final, "exp_name": "again", **overrides})
     assert len(os.listdir("runs")) == 1  # refused before anything was written
@@ -333,7 +336,7 @@ def test_existing_run_directory_is_never_reused(module, train):
     now = int(time.time())
     for t in range(now, now + 30):  # whatever second the run starts in, its folder exists
         os.makedirs(f"runs/Hopper-v4__x__1__{t}/keep")
-    with pytest.raises(SystemExit, match="already exists"):
+    with pytest.raises(SystemExit, match="File exists"):
         train(module, exp_name="x")
     assert len(glob.glob("runs/*/keep")) == 30
 
@@ -345,7 +348,9 @@ BAD_INPUTS = [
     (dict(num_minibatches=5), "not divisible by --num-minibatches 5"),
     (dict(total_timesteps=0), "--total-timesteps must be in [1, inf), got 0"),
     (dict(num_minibatches=0), "--num-minibatches must be in [1, inf), got 0"),
-    (dict(total_timesteps=100), "less than one batch"),
+    (dict(total_timesteps=100), "leaves less than a batch (128) to train"),
+    (dict(num_envs=1, num_steps=32, num_minibatches=32), "a minibatch of 1 sample cannot normalise its advantages"),
+    (dict(exp_name="a/b"), "--exp-name names the run's folder: a plain name, not 'a/b'"),
     (dict(env_id="Hoper-v4"), "unknown environment id 'Hoper-v4' (did you mean Hopper-v4?)"),
     (dict(env_id="CartPole-v1"), "CartPole-v1 has a Discrete action space"),
 ]
