@@ -182,13 +182,19 @@ def test_an_added_seed_enters_the_report_once_it_is_in_on_every_task():
     assert sorted(study.raw[("ppo", 1)]["TaskA-v4"]) == [1, 2, 3] and len(study.runs) == 6
     assert scores.reference_scores(study.raw)["TaskA-v4"]["final"] == 100  # seed 4's 400 moves no number
     assert study.waiting == {("ppo", 1): ([4, 5], 1, 4)}
-    assert ("Still running, and in no number here until a seed is in on every task: seeds 4, 5 of PPO at K = 1 "
+    assert ("Still running, and in no number here until a seed is in for all of them on every task: seeds 4, 5 of "
+            "PPO at K = 1 "
             "(1 of 4 runs in).") in analyze.header(study)
     study = analyze.study_of(runs + [run("TaskB-v4", 4, 400)], randoms, planned=base | added, added=added)
     assert sorted(study.raw[("ppo", 1)]["TaskB-v4"]) == [1, 2, 3, 4]
     assert scores.reference_scores(study.raw)["TaskA-v4"]["final"] == 175  # (3 x 100 + 400) / 4
     assert study.waiting == {("ppo", 1): ([5], 0, 2)}
     assert "seed 5 of PPO at K = 1 (0 of 2 runs in)" in analyze.header(study)[4]
+    # a seed added to two blocks enters both at once: VACO's seed 4 missing on TaskB keeps PPO's out too
+    added |= {(t, "vaco", 1, 4) for t in tasks}
+    study = analyze.study_of(runs + [run("TaskB-v4", 4, 400)], randoms, planned=base | added, added=added)
+    assert sorted(study.raw[("ppo", 1)]["TaskB-v4"]) == [1, 2, 3] and ("vaco", 1) not in study.raw
+    assert study.waiting[("ppo", 1)] == ([4, 5], 2, 4) and study.waiting[("vaco", 1)] == ([4], 0, 2)
     # the ten tasks' folder: seeds 4-10 of the four cells are added, one seed at a time
     added = presets.planned_runs(os.path.join("benchmark", "results", "ten-tasks"), presets.MORE_SEEDS)
     assert {(a, k) for _, a, k, _ in added} == {("ppo", 1), ("ppo", 8), ("vaco", 8), ("ppo-decoupled", 8)}

@@ -70,10 +70,12 @@ class Study:
 
 
 def seeds_still_running(runs, added):
-    """{(algorithm, K, seed)} of the seeds that a preset adds to a block (`added`: planned runs of MORE_SEEDS) whose runs
-    are not yet in on every task of the block."""
+    """{(algorithm, K, seed)} of the seeds that a preset adds to its blocks (`added`: planned runs of MORE_SEEDS) whose
+    runs are not yet in on every task of every one of those blocks: a seed enters the comparison of the methods it
+    adds to for all of them at once, so that they are always compared, and normalised, on the same seeds."""
     done = {(meta["task"], meta["algorithm"], meta["k"], meta["seed"]) for meta, _ in runs}
-    return {(a, k, seed) for task, a, k, seed in added - done}
+    running = {seed for *_, seed in added - done}
+    return {(a, k, seed) for _, a, k, seed in added if seed in running}
 
 
 def study_of(runs, randoms, folder=".", figures_dir=None, planned=frozenset(), reps=2000, seed=0, window=None,
@@ -121,7 +123,7 @@ def header(study):
             f"{len(study.runs)} finished runs. Random-policy returns: "
             + ", ".join(f"{t} {study.randoms[t]:.1f}" for t in study.tasks) + "."
             + ("" if ("ppo", 1) in study.raw else " No run of PPO at K = 1, so no normalised scores: returns only."), "",
-            *([f"Still running, and in no number here until a seed is in on every task: {'; '.join(waiting)}.", ""]
+            *([f"Still running, and in no number here until a seed is in for all of them on every task: {'; '.join(waiting)}.", ""]
               if waiting else [])]
 
 
