@@ -123,7 +123,8 @@ def header(study):
             f"{len(study.runs)} finished runs. Random-policy returns: "
             + ", ".join(f"{t} {study.randoms[t]:.1f}" for t in study.tasks) + "."
             + ("" if ("ppo", 1) in study.raw else " No run of PPO at K = 1, so no normalised scores: returns only."), "",
-            *([f"Still running, and in no number here until a seed is in for all of them on every task: {'; '.join(waiting)}.", ""]
+            *([f"Still running, and in no number here until a seed is in for all of them on every task: "
+               f"{'; '.join(waiting)}.", ""]
               if waiting else [])]
 
 
