@@ -18,10 +18,15 @@ What counts as a problem, on each page at each width, with every collapsed block
 - **An image that does not load**: loaded with no pixels (a wrong path, a missing file).
 - **A figure's text too small**: a PNG that records its smallest font (benchmark/study/plotting.py writes
   `min-font-pt` and `dpi` into the file) drawn so small that this text is under MIN_TEXT_PX CSS pixels high.
-  A figure without that record is listed as unchecked, not as a problem.
+  A figure without that record is listed as unchecked, not as a problem. An SVG figure (an `<img>` of one, the
+  source a `<picture>` picks at that width included, or an `<svg>` in the page) is measured in the browser: the
+  font size of each of its texts, as drawn at the figure's width on the page.
 - **Inline code broken inside a word**: a `code` outside a code block wrapped between two letters or digits
   (`ppo_conti` / `nuous.py`) although it would fit on one line of the page: a table column squeezed to a few
   characters. Code longer than the page's line may wrap anywhere.
+- **A command cut off** (on the laptop only): a command or flag in a table cell (inline code that starts with
+  `python`, a script's name or `--`) whose text runs past the right edge of the table's scrolling box as the page
+  first shows: what tells the rows apart needs a sideways scroll on a laptop's screen.
 
 Screenshots (--shots DIR): DIR/<width>/<page>.png is the first screen, DIR/<width>/<page>.full.png the whole page
 (up to MAX_SHOT_HEIGHT pixels), both as the page first shows, collapsed blocks closed.
@@ -37,6 +42,7 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTHS = {"laptop": (1366, 900), "phone": (390, 844)}
@@ -48,6 +54,7 @@ CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-
 
 # Runs in the page; returns [[kind, where, what], ...] and the images' sizes.
 CHECK_JS = r"""
+const [laptop, MIN_TEXT_PX] = arguments;
 const vw = document.documentElement.clientWidth, problems = [], images = [];
 const name = el => {
   let s = el.tagName.toLowerCase() + (el.id ? "#" + el.id : "");
@@ -82,6 +89,32 @@ for (const img of document.querySelectorAll("img")) {
   if (!img.complete || img.naturalWidth === 0) { problems.push(["image", name(img), "did not load"]); continue; }
   const r = img.getBoundingClientRect();
   if (r.width > 0) images.push([img.getAttribute("src"), img.currentSrc, r.width, img.naturalWidth]);
+}
+const svgText = svg => {  // the smallest font of an SVG's texts, in CSS px as drawn
+  let smallest = Infinity;
+  for (const t of svg.querySelectorAll("text, tspan, textPath")) {
+    if (![...t.childNodes].some(n => n.nodeType === Node.TEXT_NODE && n.data.trim())) continue;
+    const m = t.getScreenCTM();
+    if (!m) continue;
+    smallest = Math.min(smallest, parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b));
+  }
+  return smallest;
+};
+for (const svg of document.querySelectorAll(".md-content svg")) {
+  if (!shown(svg) || svg.parentElement.closest("svg")) continue;
+  const px = svgText(svg);
+  if (px < MIN_TEXT_PX) problems.push(["figure", name(svg), `its smallest text is ${px.toFixed(1)} px high, under ${MIN_TEXT_PX}`]);
+}
+const command = /^(python3? |\S+\.py\b|--[a-z])/;
+if (laptop) for (const code of document.querySelectorAll("td code, th code")) {
+  if (!command.test(code.textContent.trim()) || !shown(code)) continue;
+  let right = vw;  // what the boxes around it show of it, scrolled to their start
+  for (let box = code.parentElement; box && box !== document.body; box = box.parentElement)
+    if (["auto", "scroll", "hidden", "clip"].includes(getComputedStyle(box).overflowX))
+      right = Math.min(right, box.getBoundingClientRect().left + box.clientLeft + box.clientWidth);
+  const r = code.getBoundingClientRect();
+  if (r.right > right + 1)
+    problems.push(["cut", name(code), `runs to ${Math.round(r.right)} px, the table shows it to ${Math.round(right)} px: it needs a sideways scroll`]);
 }
 const word = /[A-Za-z0-9_]/, line = (document.querySelector(".md-content__inner") || document.body).clientWidth;
 for (const code of document.querySelectorAll("code")) {
@@ -128,6 +161,27 @@ def png_text(path):
             break
         pos += 12 + length
     return found
+
+
+SVG_JS = r"""
+const svg = document.documentElement, width = svg.getBoundingClientRect().width;
+let smallest = Infinity;
+for (const t of svg.querySelectorAll("text, tspan, textPath")) {
+  if (![...t.childNodes].some(n => n.nodeType === Node.TEXT_NODE && n.data.trim())) continue;
+  const m = t.getScreenCTM();
+  if (m) smallest = Math.min(smallest, parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b));
+}
+return isFinite(smallest) && width > 0 ? smallest / width : null;
+"""
+
+
+def svg_text(driver, path):
+    """An SVG file's smallest font as a share of its width: opened on its own, each text's font size as drawn
+    (its transforms and the viewBox's scale applied) over the width the whole drawing takes. Times the width a
+    page draws it at, that text's height there in CSS px. An SVG without text: infinity."""
+    driver.get(path.as_uri())
+    ratio = driver.execute_script(SVG_JS)
+    return float("inf") if ratio is None else float(ratio)
 
 
 def build(site):
@@ -179,7 +233,7 @@ def check(site, pages=None, shots=None, widths=WIDTHS):
     site = Path(site).resolve()
     pages = pages or sorted(str(p.relative_to(site)) for p in site.rglob("*.html")
                             if p.name != "404.html" and "assets" not in p.parts)
-    problems, unchecked = [], set()
+    problems, unchecked, svg_ratios = [], set(), {}
     driver = browser()
     try:
         for label, (width, height) in widths.items():
@@ -194,18 +248,26 @@ def check(site, pages=None, shots=None, widths=WIDTHS):
                     screenshot(driver, out.with_suffix(".png"), width, height, url)
                     full = driver.execute_script("return document.scrollingElement.scrollHeight")
                     screenshot(driver, out.with_suffix(".full.png"), width, min(full, MAX_SHOT_HEIGHT), url)
-                found, images = driver.execute_script(CHECK_JS)
+                found, images = driver.execute_script(CHECK_JS, label == "laptop", MIN_TEXT_PX)
                 problems += [(label, page, *p) for p in found]
                 for src, url, shown_width, natural in images:
-                    if not url.startswith("file://") or not src.endswith(".png"):
+                    if not url.startswith("file://"):
                         continue
-                    meta = png_text(Path(url[len("file://"):].split("#")[0].replace("%20", " ")))
-                    if "min-font-pt" not in meta:
-                        unchecked.add(src.rsplit("/", 1)[-1])
+                    path = Path(unquote(urlparse(url).path))
+                    if path.suffix == ".svg":
+                        if path not in svg_ratios:
+                            svg_ratios[path] = svg_text(driver, path)
+                        px = svg_ratios[path] * shown_width
+                    elif path.suffix == ".png":
+                        meta = png_text(path)
+                        if "min-font-pt" not in meta:
+                            unchecked.add(path.name)
+                            continue
+                        px = float(meta["min-font-pt"]) / 72 * float(meta["dpi"]) * shown_width / natural
+                    else:
                         continue
-                    px = float(meta["min-font-pt"]) / 72 * float(meta["dpi"]) * shown_width / natural
                     if px < MIN_TEXT_PX:
-                        problems.append((label, page, "figure", src, f"its smallest text is {px:.1f} px high "
+                        problems.append((label, page, "figure", path.relative_to(site).as_posix(), f"its smallest text is {px:.1f} px high "
                                          f"(drawn {shown_width:.0f} px wide), under {MIN_TEXT_PX:g}"))
     finally:
         driver.quit()

@@ -648,7 +648,8 @@ def test_links_from_the_repository_into_the_docs_resolve(site):
 
 def test_the_pages_in_a_browser(site):
     """Every page in headless Chromium at 1366 and 390 px (.ci/check_pages.py): nothing wider than the page, every
-    image loaded, every figure's text legible, no inline code broken inside a word."""
+    image loaded, every figure's text legible (PNG and SVG), no inline code broken inside a word, no command in a table
+    cut off on a laptop's screen."""
     pytest.importorskip("selenium", reason="the browser check needs the selenium package (requirements/dev.txt)")
     if not (shutil.which("chromium") or shutil.which("chromium-browser")) or not shutil.which("chromedriver"):
         pytest.skip("the browser check needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver)")
