@@ -591,12 +591,16 @@ def table_rows(text):
 
 
 def test_the_readmes_table_is_the_reports():
-    """"Under lag, which script" on the README is the ten-task report's table, cell for cell."""
-    report = table_rows(report_section(ROOT / "benchmark/results/ten-tasks/report.md", "which_script"))
+    """"Under lag, which script" on the README is the ten-task report's table, cell for cell, and its commands, the
+    list below the table, line for line."""
+    section = report_section(ROOT / "benchmark/results/ten-tasks/report.md", "which_script")
     text = read(README)
-    readme = table_rows(text[text.index("### Under lag, which script"):text.index("## The scripts")])
-    assert readme == [[plain(cell) for cell in row] for row in report], \
+    text = text[text.index("### Under lag, which script"):text.index("## The scripts")]
+    assert table_rows(text) == [[plain(cell) for cell in row] for row in table_rows(section)], \
         "README.md's table differs from benchmark/results/ten-tasks/report.md:which_script; copy it again"
+    commands = [line for line in section.splitlines() if line.startswith("- ")]
+    assert commands and [line for line in text.splitlines() if line.startswith("- ")] == commands, \
+        "README.md's commands differ from benchmark/results/ten-tasks/report.md:which_script; copy them again"
 
 
 def test_every_interval_on_the_readme_and_the_summary_is_one_a_report_holds():

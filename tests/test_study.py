@@ -357,8 +357,9 @@ def test_which_part_wins_lag_back_one_variable_at_a_time(tmp_path, saved):
 
 
 def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(tmp_path):
-    """The table the README and the results' summary show: every method under lag with its command, ordered by its
-    IQM at K = 8, PPO last; one statistic a cell; a block still running left out and named below."""
+    """The table the README and the results' summary show: every method under lag, ordered by its IQM at K = 8, PPO
+    last; one statistic a cell; the commands below the table, a line each in the same order (out of the columns, so
+    a laptop and a phone show them whole); a block still running left out and named below."""
     folder = trust_region_folder(tmp_path)
     analyze.main(analyze.Args(results_dir=folder, reps=200))
     report = open(os.path.join(folder, "report.md")).read()
@@ -369,16 +370,19 @@ def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(
     iqms = [float(row[1].split(" ")[0]) for row in rows]
     assert iqms[:-1] == sorted(iqms[:-1], reverse=True)  # the recommendation first
     by_name = {row[0]: row for row in rows}
-    assert by_name["decoupled PPO"][-1] == "`python decoupled_ppo_continuous.py --policy-buffer 8`"
-    assert by_name["VACO against π_T"][-1] == "`python vaco_continuous.py --policy-buffer 8 --tv-reference proximal`"
-    assert by_name["GePPO"][-1] == "`python geppo_continuous.py --policy-buffer 8`"  # its flags are its defaults
-    assert by_name["V-trace + decoupled clip"][-1] == \
-        "`python vaco_continuous.py --policy-buffer 8 --no-tv-filter --clip-reference proximal`"
     assert by_name["decoupled PPO"][1].startswith("1.00 [") and by_name["PPO"][1].startswith("0.20 [")
     assert by_name["V-trace + decoupled clip"][2].startswith("0.25 [")  # the median share, as trust_region's
     assert by_name["GePPO"][3] == "1 of 3 tasks" and by_name["decoupled PPO"][3] == "0 of 3 tasks"
     assert by_name["PPO"][2] == "0 (reference)" and by_name["PPO"][3] == ""
-    assert all(len(row) == 5 for row in rows)  # no larger K ran: no column for it
+    assert all(len(row) == 4 for row in rows)  # no larger K ran: no column for it; no command in the table
+    commands = [line[2:].split(": ", 1) for line in section.splitlines() if line.startswith("- ")]
+    assert [name for name, _ in commands] == [row[0] for row in rows]  # the table's order
+    commands = dict(commands)
+    assert commands["decoupled PPO"] == "`python decoupled_ppo_continuous.py --policy-buffer 8`"
+    assert commands["VACO against π_T"] == "`python vaco_continuous.py --policy-buffer 8 --tv-reference proximal`"
+    assert commands["GePPO"] == "`python geppo_continuous.py --policy-buffer 8`"  # its flags are its defaults
+    assert commands["V-trace + decoupled clip"] == \
+        "`python vaco_continuous.py --policy-buffer 8 --no-tv-filter --clip-reference proximal`"
     assert "GePPO with GAE" not in by_name and "GePPO with GAE (1 of 9 runs)" in section
 
 
@@ -1146,6 +1150,22 @@ def benchmark_sources():
                     sources[os.path.relpath(path, root)[: -len(".py")].replace(os.sep, ".")] = f.read()
     return sources
 
+
+
+def test_standing_still_is_the_zero_action_on_the_random_policys_episodes(tmp_path):
+    """standing_still.py plays the zero action on the episodes random_scores.py plays (episode i reset with seed i),
+    and its report holds the mean with its Student-t interval over the episodes."""
+    from benchmark.common import t_interval
+    from benchmark.study import random_scores, standing_still
+
+    out = str(tmp_path / "standing_still.md")
+    standing_still.main(standing_still.Args(tasks=["Reacher-v4"], episodes=3, out=out))
+    returns = list(itertools.islice(random_scores.random_episode_returns("Reacher-v4", action=np.zeros(2)), 3))
+    mean, (low, high) = t_interval(returns)
+    assert f"| Reacher-v4 | {mean:.0f} [{low:.0f}, {high:.0f}] |" in open(out).read()
+    assert returns != list(itertools.islice(random_scores.random_episode_returns("Reacher-v4"), 3))  # not random
+    with pytest.raises(SystemExit):
+        standing_still.main(standing_still.Args(tasks=["Reacher-v4"], episodes=1, out=out))
 
 def test_each_folder_of_benchmark_imports_its_own_modules_and_the_common_one_only():
     sources = benchmark_sources()

@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from benchmark.study.scores import RANDOM_SCORES_FILE, load_runs, ppo_references  # noqa: E402
 
 
-def random_episode_returns(task, seed=0):
-    """Returns of uniformly random actions, one episode after another (episode i reset with seed + i)."""
+def random_episode_returns(task, seed=0, action=None):
+    """Returns of uniformly random actions, one episode after another (episode i reset with seed + i); with
+    `action`, that action at every step instead (zeros: standing still, standing_still.py)."""
     import gymnasium as gym
 
     with warnings.catch_warnings():
@@ -41,7 +42,7 @@ def random_episode_returns(task, seed=0):
             env.reset(seed=seed + episode)
             total, done = 0.0, False
             while not done:
-                _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+                _, reward, terminated, truncated, _ = env.step(env.action_space.sample() if action is None else action)
                 total += reward
                 done = terminated or truncated
             yield total
