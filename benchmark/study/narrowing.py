@@ -127,8 +127,8 @@ def report(figures_dir=None):
     lines += ["## The update, from its first step to its last epoch", ""]
     table = ["Means over updates of the entropy's change during the update's first epoch and during all 10; the first "
              "step's push on the log-std (< 0 narrows), and the same with the advantages centred within each age; the "
-             "share of the updates whose first step pushed wider that still ended narrower; and the median exact "
-             "KL(π_{T−1} ‖ π_T) an update moved the policy, from the means and from the std.", "",
+             "share of the updates whose first step pushed wider that still ended narrower; and the median exact KL "
+             "from the policy before an update to the policy after it, from the means and from the std.", "",
              "| task | method | K | entropy, first epoch | entropy, update | push | push, centred by age | "
              "narrower though pushed wider | KL, means | KL, std |", "|-|-|-|-|-|-|-|-|-|-|"]
     for t, a, k in found:
