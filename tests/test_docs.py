@@ -492,7 +492,7 @@ def math_in(site):
     for path in sorted(site.rglob("*.html")):
         for tag, tex in re.findall(r'<(span|div) class="arithmatex">(.*?)</\1>', read(path), re.S):
             tex = html.unescape(tex).strip()
-            out.append((path.name, tex[2:-2] if tex[:2] in ("\\(", "\\[") else tex, tag == "div"))
+            out.append((path.relative_to(site).as_posix(), tex[2:-2] if tex[:2] in ("\\(", "\\[") else tex, tag == "div"))
     return out
 
 
