@@ -69,3 +69,23 @@ def test_a_file_that_is_not_the_known_script_is_one_line_of_error(tmp_path):
         sps.patched_cleanrl(str(path), str(tmp_path))
     with pytest.raises(SystemExit, match="No such file"):
         sps.patched_cleanrl(str(tmp_path / "missing.py"), str(tmp_path))
+
+
+FAKE_SCRIPT = '''
+from torch.utils.tensorboard import SummaryWriter
+writer = SummaryWriter("runs/fake")
+for step in (100, 200, 300):
+    writer.add_scalar("charts/SPS", 1, step)
+writer.close()
+print("step 100/300 | SPS: 80 | ETA 1m")
+print("step 300/300 | SPS: 95 | ETA 0s")
+'''
+
+
+def test_a_whole_run_is_the_last_sps_the_script_prints(tmp_path):
+    (tmp_path / "fake.py").write_text(FAKE_SCRIPT)
+    args = sps.Args(whole_run=True)
+    rate, waits = sps.script_sps(str(tmp_path / "fake.py"), args)
+    assert (rate, waits) == (95, None)
+    steady, _ = sps.script_sps(str(tmp_path / "fake.py"), sps.Args())  # the log's 200 steps over its wall time
+    assert steady != 95 and steady > 0

@@ -5,7 +5,9 @@ For each repeat it measures, in this one process and run, the raw step rate of a
 update settings (by default CleanRL's ppo_continuous_action: 1 env, 2048 steps, 32 minibatches,
 10 epochs) and reads its steady env steps/s from its TensorBoard log (from the end of the first
 update to the end of the last: start-up and the one-off compile left out). Medians over repeats;
-ratios are what to compare across machines.
+ratios are what to compare across machines. With --whole-run it reads instead the last `SPS:` each script
+prints, its rate over the whole run from its start (CleanRL's and ours count the same way), the first update
+included: then a first repeat, not counted, warms the compile cache as a user's second run finds it.
 
     python benchmark/speed/sps.py --env-id Ant-v4 --scripts ppo_continuous.py vaco_continuous.py
 
@@ -72,6 +74,9 @@ class Args:
     """extra flags passed to every script, e.g. "--policy-buffer 8" """
     cleanrl: Optional[str] = None
     """path to CleanRL's ppo_continuous_action.py, timed after the scripts (from a copy patched for gymnasium 1.x)"""
+    whole_run: bool = False
+    """time whole runs, as each script prints its `SPS:` at the end (first update and compile included, after a
+    warm-up repeat), instead of the steady rate from the end of the first update"""
 
 
 # CleanRL's ppo_continuous_action.py targets gymnasium 0.29. What gymnasium 1.x changed under it, and only that,
@@ -159,7 +164,7 @@ def script_sps(entry, args):
     with tempfile.TemporaryDirectory() as tmp:  # its runs/ folder is thrown away
         out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, check=True).stdout
         (run_dir,) = [os.path.join(tmp, "runs", d) for d in os.listdir(os.path.join(tmp, "runs"))]
-        rate = steady_rate(run_dir)
+        rate = int(re.findall(r"SPS: (\d+)", out)[-1]) if args.whole_run else steady_rate(run_dir)
     waits = re.search(r"waiting: learner (\d+)%.*, actors (\d+)%", out)
     return rate, waits and tuple(int(w) for w in waits.groups())
 
@@ -171,6 +176,9 @@ def main(args: Args):
         args.scripts = list(labels)
     raw, capacity = [], []
     sps, waits = {entry: [] for entry in args.scripts}, {entry: [] for entry in args.scripts}
+    if args.whole_run:  # a warm-up repeat, not counted: the compile cache as a second run finds it
+        for entry in args.scripts:
+            script_sps(entry, args)
     for repeat in range(args.repeats):
         raw.append(raw_env_rate(args.env_id, args.raw_steps, seed=repeat))
         capacity.append(parallel_env_rate(args.env_id, args.raw_steps) / raw[-1])
@@ -185,7 +193,8 @@ def main(args: Args):
     raw_median = statistics.median(raw)
     width = max(24, *(len(label) for label in labels.values()))
     print(f"\n{args.env_id}, {args.num_envs} env(s) x {args.num_steps} steps, 32 minibatches x 10 epochs, "
-          f"{args.iterations} updates, medians of {args.repeats} {args.extra}")
+          f"{args.iterations} updates, {'whole runs' if args.whole_run else 'steady rates'}, medians of "
+          f"{args.repeats} {args.extra}")
     print(f"{'':{width}s} {'SPS':>7s} {'/ raw env':>10s} {'/ ' + labels[args.scripts[0]]:>{width}s}  waiting: learner, actors")
     print("(the ratios: medians over repeats of each repeat's ratio, the rates of one repeat measured together)")
     print(f"{'raw env (random actions)':{width}s} {raw_median:7.0f} {1.0:10.2f}")
