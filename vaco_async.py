@@ -36,6 +36,7 @@ the distributed machinery, and ``--sync --num-actors 1`` trains exactly as
 """
 
 import collections
+import dataclasses
 import datetime
 import difflib
 import functools
@@ -47,7 +48,8 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields, replace
+import zipfile
+from dataclasses import dataclass, field, replace
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -155,8 +157,9 @@ class Args:
     checkpoint_every: int = 0
     """with `--save-model`, also save a checkpoint every this many updates (0: only at the end)"""
     resume: Optional[str] = None
-    """continue a run from a checkpoint it saved, up to `--total-timesteps` (the envs start new
-    episodes; the logs go to a new run folder)"""
+    """continue a run from a checkpoint it saved, with its settings (the envs start new episodes; the logs go to a new
+    run folder); only its length, name, logs, checkpoints, evaluation, compile, layout of envs and actors, port and
+    fault handling (--actor-timeout, --stop-on-actor-loss) may change"""
     compile: bool = True
     """compile the minibatch update (loss, gradient, clipping, Adam) into one program with torch.compile,
     paid once at the first update (`--no-compile`: the same function, eagerly)"""
@@ -906,20 +909,6 @@ def absorb_segment(segment, reward_scaler, obs_rms, rng_states, actor_stats):
 # --8<-- [end:take_batch]
 
 
-def stop_reason(comm, processes, args, stop_request):
-    """(why, exit code) if the run must stop now, else None. Prints every actor lost, once."""
-    lost = comm.watch(processes, args.actor_timeout)
-    for actor, reason in lost.items():
-        print(f"actor {actor} lost: {reason}", flush=True)
-    if lost and (args.stop_on_actor_loss or args.sync):
-        return f"actor {min(lost)} lost ({'--sync needs every actor' if args.sync else '--stop-on-actor-loss'})", 1
-    if stop_request:
-        return f"interrupted ({signal.Signals(stop_request[0]).name})", 128 + stop_request[0]
-    if comm.error is not None:
-        return f"communication failed: {str(comm.error).splitlines()[0]}", 1
-    return None if comm.live() else ("no actor left", 1)
-
-
 def actor_wait_fraction(actor_stats):
     """The share of their time the actors spent waiting on the learner, on average."""
     return float(np.mean([stats["wait_fraction"] for stats in actor_stats.values()] or [0.0]))
@@ -935,23 +924,6 @@ def log_actors(writer, step, elapsed, comm, actor_stats, **charts):
     for actor, stats in actor_stats.items():
         writer.add_scalar(f"actors/actor_{actor}_SPS", stats["steps"] / elapsed, step)
         writer.add_scalar(f"actors/actor_{actor}_wait_fraction", stats["wait_fraction"], step)
-
-
-def handle_signals(stop_request, processes):
-    """First Ctrl-C (or SIGTERM, which torchrun sends when a worker fails): stop after the current
-    update, with a checkpoint. A second one kills the actors and exits at once (under torchrun,
-    which then stops the other workers, only this process)."""
-
-    def handler(signum, frame):
-        if stop_request:
-            for process in processes.values():
-                process.kill()
-            os._exit(128 + signum)
-        stop_request.append(signum)
-        print(f"\n{signal.Signals(signum).name}: stopping after this update, with a checkpoint (again to kill)")
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, handler)
 
 
 # --- Launch -------------------------------------------------------------------------------------
@@ -1027,8 +999,8 @@ def hand_out_settings(world_size, run_name, args, rng_states):
     killed just after taking its own message would take down the actors it is to relay to.) Each send
     returns once the actor has taken its message."""
     for rank in range(1, world_size):
-        try:
-            options = {f.name: getattr(args, f.name) for f in fields(args) if f.init}  # not the sizes main computes
+        try:  # the options alone, not the sizes main computes
+            options = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
             dist.send_object_list([run_name, options, rng_states.get(rank)], dst=rank)
         except RuntimeError as error:  # gloo's "Connection closed by peer": it died before taking it
             sys.exit(f"error: actor {rank} was lost during start-up: {str(error).splitlines()[0]}")
@@ -1059,12 +1031,12 @@ def shut_down(comm, processes, args):
 
 def main(args: Args):
     rank, world_size, torchrun = resolve_launch(args)
-    check_args(args)  # before anything runs
+    if rank > 0:  # torchrun started this process as an actor: it takes the learner's settings (and exits)
+        actor_process(rank, world_size, args)
+    checkpoint = check_args(args)  # before anything runs: the options, and the checkpoint of --resume
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
-    if rank > 0:  # torchrun started this process as an actor: it takes the learner's settings (and exits)
-        actor_process(rank, world_size, args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
     # env setup (checked before any process starts or any log is written); the actors step the envs
@@ -1087,14 +1059,14 @@ def main(args: Args):
     # what a checkpoint holds, and --resume restores
     saved = dict(agent=agent, optimizer=adam, obs_rms=obs_rms, reward_rms=reward_scaler.return_rms,
                  generator=generator, actor_generators=rng_states)
-    global_step, start_iteration, num_iterations = resume(args, saved)  # 0, 1, args.num_iterations without --resume
+    global_step, start_iteration, num_iterations = resume(checkpoint, saved, args)  # 0, 1, args.num_iterations new
     store = None if torchrun else open_store(args, world_size)  # where the actors will find the learner
     writer = open_logs(args, run_name)  # after every check: a run that exits early leaves no logs
 
     # --8<-- [start:launch]
     # Launch; from here on, point-to-point messages only.
-    stop_request, processes = [], {}
-    handle_signals(stop_request, processes)  # a second Ctrl-C kills the processes
+    processes = {}  # rank -> its actor process, in a local launch
+    stop = LearnerStop(processes)  # Ctrl-C, SIGTERM: the update under way ends, a checkpoint; a second kills the actors
     launch(args, world_size, store, processes, run_name, rng_states)
     version = start_iteration - 1  # the policy version: the number of updates so far
     layout = SegmentLayout(args.num_steps, args.num_envs // args.num_actors, obs_dim, act_dim)  # each actor's segment
@@ -1117,7 +1089,7 @@ def main(args: Args):
         # sent them first. A segment's lag: the learner's version now - the version that acted.
         waiting_since = time.perf_counter()
         segments, batch, stopped = take_batch(comm, args.num_actors, args.max_policy_lag, version,
-                                              lambda: stop_reason(comm, processes, args, stop_request))
+                                              lambda: stop.now(comm, args))
         learner_wait += time.perf_counter() - waiting_since
         if stopped:
             break
@@ -1167,7 +1139,9 @@ def main(args: Args):
         # The segments received are counted before they hear of it: under --sync, then, exactly those taken.
         received = comm.received
         version += 1
-        comm.publish(version, pack_policy(agent.actor, obs_rms))
+        stopping = stop.after(iteration, stats, params)  # a signal came, or a loss or weight is no longer finite
+        if not stopping:  # (weights that are not finite never reach an actor)
+            comm.publish(version, pack_policy(agent.actor, obs_rms))
 
         sps = progress.update(global_step, recent_returns, lag=np.mean(lags), last=iteration == num_iterations)
         elapsed = time.time() - progress.start_time
@@ -1179,6 +1153,8 @@ def main(args: Args):
         log_actors(writer, global_step, elapsed, comm, actor_stats, segments_received=received, segments_used=used,
                    segments_dropped=dropped, updates_per_second=(iteration - start_iteration + 1) / elapsed,
                    learner_wait_fraction=learner_wait / elapsed)
+        if stopping:
+            break
         if args.save_model and args.checkpoint_every and iteration % args.checkpoint_every == 0 \
                 and iteration < num_iterations:
             save_checkpoint(f"runs/{run_name}/{args.exp_name}_step{global_step}.cleanrl_model",
@@ -1186,29 +1162,27 @@ def main(args: Args):
 
     print(f"segments: {used} used, {dropped} dropped, {comm.received} received | waiting: learner {learner_wait / (time.time() - progress.start_time):.0%}"
           f" of its time (for data), actors {actor_wait_fraction(actor_stats):.0%} (for the learner)", flush=True)
-    # Checkpoint before the actors are told to stop: under torchrun a SIGTERM is followed by a
-    # SIGKILL if the shutdown takes long. An interrupted or failed run always keeps its state.
-    model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-    if args.save_model or stopped:
-        save_checkpoint(model_path, checkpoint_of(saved, global_step, version, args))
-    ended = shut_down(comm, processes, args)
-    if args.save_model and not stopped:
-        evaluate(model_path, args, writer)
-    close_logs(writer, args)
-    why, code = stopped or (None, 0)
-    if why:
-        print(f"error: stopped at step {global_step}, update {version}: {why}; continue with --resume {model_path}",
-              file=sys.stderr)
-    sys.stdout.flush(), sys.stderr.flush()
-    sys.exit(code) if ended else os._exit(code)  # a receive blocked on a silent actor must not hold the exit
+    finish(args, saved, run_name, global_step, version, writer, stop, lambda: shut_down(comm, processes, args))
 
 
 # ==================================== run management ====================================
 # Input checks, compile or not, checkpoints, resume, evaluation, logs, progress: main calls each in one line.
 
 
-def check_args(args: Args) -> None:
-    """Reject bad input with one line that names the problem (raised as SystemExit: no traceback)."""
+def check_args(args: Args):
+    """Reject bad input with one line that names the problem (raised as SystemExit: no traceback). Returns the
+    checkpoint of --resume (or None), once the run is shown to keep the settings it was trained with."""
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    sitting = {"total_timesteps", "exp_name", "track", "wandb_project_name", "wandb_entity", "capture_video",
+               "save_model", "eval_episodes", "checkpoint_every", "resume", "compile", "num_envs", "num_steps",
+               "num_minibatches", "num_actors", "master_port", "actor_timeout", "stop_on_actor_loss"}
+    # what a resumed run may change: its length, name, logs, checkpoints and layout (of envs and actors), where it
+    # listens and how it meets faults; not the lag's settings (--sync, --queue-batches, --max-policy-lag,
+    # --actor-delay-ms), which change the data it trains on
+    for name, value in checkpoint["args"].items() if checkpoint else ():
+        if name not in sitting and getattr(args, name) != value:
+            sys.exit(f"error: --{name.replace('_', '-')} {getattr(args, name)} differs from {value}, the value "
+                     f"{args.resume} was trained with: a resumed run keeps its own settings (leave the option out)")
     ranges = dict(  # every numeric option: the interval of values it takes
         total_timesteps="[1, inf)", num_envs="[1, inf)", num_steps="[1, inf)", num_minibatches="[1, inf)",
         update_epochs="[1, inf)", learning_rate="(0, inf)", max_grad_norm="(0, inf)",
@@ -1224,12 +1198,20 @@ def check_args(args: Args) -> None:
             sys.exit(f"error: --{name.replace('_', '-')} must be in {interval}, got {value}")
     if args.num_envs % args.num_actors:
         sys.exit(f"error: --num-envs {args.num_envs} cannot be split evenly across {args.num_actors} actors")
-    batch_size = args.num_envs * args.num_steps
+    batch_size, done = args.num_envs * args.num_steps, checkpoint["global_step"] if checkpoint else 0
     if batch_size % args.num_minibatches:
         sys.exit(f"error: the batch of {args.num_envs} envs x {args.num_steps} steps = {batch_size} "
                  f"is not divisible by --num-minibatches {args.num_minibatches}")
-    if args.total_timesteps < batch_size:
-        sys.exit(f"error: --total-timesteps {args.total_timesteps} is less than one batch ({batch_size})")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:  # the std of one sample
+        sys.exit("error: a minibatch of 1 sample cannot normalise its advantages; lower --num-minibatches")
+    if args.total_timesteps - done < batch_size:
+        sys.exit(f"error: --total-timesteps {args.total_timesteps} leaves less than a batch ({batch_size}) to train"
+                 + (f" after the checkpoint's step {done}: raise it to train on" if checkpoint else ""))
+    if (args.total_timesteps - done) % batch_size:  # whole batches only
+        print(f"note: the run trains to step {done + (args.total_timesteps - done) // batch_size * batch_size}, the "
+              f"last whole batch of {batch_size} within --total-timesteps {args.total_timesteps}", flush=True)
+    if args.exp_name in ("", ".", "..") or os.sep in args.exp_name:
+        sys.exit(f"error: --exp-name names the run's folder: a plain name, not '{args.exp_name}'")
     if tuple(map(int, gym.__version__.split(".")[:2])) < (1, 4):  # earlier vector RecordEpisodeStatistics
         sys.exit(f"error: gymnasium {gym.__version__} drops the first reward of every episode after an env's "
                  "first from the logged returns; pip install 'gymnasium>=1.4'")
@@ -1239,12 +1221,16 @@ def check_args(args: Args) -> None:
         close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         sys.exit(f"error: unknown environment id '{args.env_id}'{hint}")
+    try:  # the env's module: a missing optional package (Box2D) is one line, not a traceback at the first reset
+        gym.envs.registration.load_env_creator(gym.spec(args.env_id).entry_point)
+    except gym.error.DependencyNotInstalled as error:
+        sys.exit(f"error: {args.env_id} needs a package that is not installed: {str(error).splitlines()[0]}")
+    return checkpoint
 
 
 def compiled_or_eager(step, enabled):
-    """`step` compiled into one program by torch.compile, or `step` itself: with `enabled` False, or where
-    the backend cannot compile here (no C++ compiler, say), which one line says. Decided once, before
-    training, by compiling a tiny program; `step` compiles at its first call (an error of its own is raised)."""
+    """`step` compiled into one program by torch.compile (at its first call), or `step` itself: with `enabled` False,
+    or where a tiny program does not compile here (no C++ compiler, say), which one line says."""
     if not enabled:
         return step
     try:
@@ -1258,54 +1244,58 @@ def compiled_or_eager(step, enabled):
 
 
 def save_checkpoint(path, checkpoint):
-    """`checkpoint` holds tensors and plain numbers only (state dicts, statistics, counters, args)."""
-    if os.path.exists(path):  # the run directory is new, so this only guards against misuse
-        raise FileExistsError(f"refusing to overwrite {path}")
-    torch.save(checkpoint, path)
+    """`checkpoint` holds tensors and plain numbers only. Written to a temporary file, then renamed: a save that
+    fails (a full disk) leaves no half-written file, nor a checkpoint overwritten, and is one line."""
+    try:
+        torch.save(checkpoint, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    except (OSError, RuntimeError) as error:  # RuntimeError: torch's archive writer, on a full disk
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        sys.exit(f"error: could not save the checkpoint {path}: {str(error).splitlines()[0]}")
     print(f"model saved to {path}", flush=True)
 
 
 def load_checkpoint(path):
-    """weights_only=True: loading a checkpoint never runs code; a file that holds a pickled object
-    (anything beyond tensors and plain containers) is refused with a one-line error."""
+    """A checkpoint of this script, loaded with weights_only=True: loading never runs code. Anything else is one line:
+    no file, an empty, cut short or foreign one, another script's checkpoint, one that lacks a part."""
+    script = os.path.basename(__file__)
+    if not zipfile.is_zipfile(path):  # what torch.save writes
+        sys.exit(f"error: {path}: " + ("not a checkpoint" if os.path.exists(path) else "no such file"))
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         sys.exit(f"error: refusing to load {path}: it holds more than tensors and plain values "
                  "(a pickled object, which could run code)")
-    except Exception as error:  # a truncated or foreign file
-        sys.exit(f"error: cannot load checkpoint {path}: {str(error).splitlines()[0]}")
+    except RuntimeError as error:  # an archive that torch cannot read: another program's, or one cut short
+        sys.exit(f"error: {path}: not a checkpoint ({str(error).splitlines()[0]})")
+    saved_by = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if saved_by != script:
+        sys.exit(f"error: {path}: not a checkpoint of {script}" + (f" but of {saved_by}" if saved_by else ""))
+    missing = [part for part in ("args", "global_step", "iteration", "agent", "optimizer", "obs_rms", "reward_rms",
+                                 "generator", "actor_generators") if part not in checkpoint]
+    if missing:
+        sys.exit(f"error: {path}: a checkpoint of {script} without its {', '.join(missing)}")
+    return checkpoint
 
 
 def checkpoint_of(saved, global_step, iteration, args):
     """Everything a resumed run needs, of the objects in `saved`, as tensors and plain numbers."""
-    return {"agent": saved["agent"].state_dict(), "optimizer": saved["optimizer"],
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+    return {"script": os.path.basename(__file__), "args": options, "global_step": global_step, "iteration": iteration,
+            "agent": saved["agent"].state_dict(), "optimizer": saved["optimizer"],
             "obs_rms": rms_state(saved["obs_rms"]), "reward_rms": rms_state(saved["reward_rms"]),
-            "generator": saved["generator"].get_state(), "actor_generators": saved["actor_generators"],
-            "global_step": global_step, "iteration": iteration, "args": vars(args)}
+            "generator": saved["generator"].get_state(), "actor_generators": saved["actor_generators"]}
 
 
-def resume(args, saved):
-    """Load the checkpoint `--resume` names into the objects in `saved`, after checking it against these
-    settings. Returns the step and the update to go on from, and the last update: a resumed run trains
-    the whole batches that fit in what is left of the budget (its batch size may differ). Without
-    `--resume`: 0, 1 and args.num_iterations."""
-    if args.resume is None:
+def resume(checkpoint, saved, args):
+    """Load the checkpoint of --resume (check_args's) into the objects in `saved`. Returns the step and the update to
+    go on from, and the last update: a resumed run trains the whole batches that fit in what is left of the budget
+    (its batch size may differ). Without a checkpoint: 0, 1 and args.num_iterations."""
+    if checkpoint is None:
         return 0, 1, args.num_iterations
-    if not os.path.isfile(args.resume):
-        sys.exit(f"error: --resume {args.resume}: no such file")
-    checkpoint = load_checkpoint(args.resume)
     global_step, iteration = checkpoint["global_step"], checkpoint["iteration"]
-    if checkpoint["args"]["env_id"] != args.env_id:
-        sys.exit(f"error: --resume {args.resume} was trained on {checkpoint['args']['env_id']}, "
-                 f"not {args.env_id}; pass --env-id {checkpoint['args']['env_id']}")
-    if args.total_timesteps - global_step < args.batch_size:
-        sys.exit(f"error: --resume {args.resume} is already at step {global_step}; "
-                 f"raise --total-timesteps above it to train on")
-    try:
-        saved["agent"].load_state_dict(checkpoint["agent"])
-    except (RuntimeError, ValueError, KeyError) as error:
-        sys.exit(f"error: --resume {args.resume} does not fit this network: {str(error).splitlines()[0]}")
+    saved["agent"].load_state_dict(checkpoint["agent"])
     adam = saved["optimizer"]  # saved with that agent, so it fits
     adam["step"].copy_(checkpoint["optimizer"]["step"])
     for moment in ("exp_avg", "exp_avg_sq"):
@@ -1314,7 +1304,7 @@ def resume(args, saved):
     load_rms_state(saved["obs_rms"], checkpoint["obs_rms"])
     load_rms_state(saved["reward_rms"], checkpoint["reward_rms"])
     saved["generator"].set_state(checkpoint["generator"])
-    saved["actor_generators"].update(checkpoint.get("actor_generators", {}))  # none in vaco_continuous.py's checkpoints
+    saved["actor_generators"].update(checkpoint["actor_generators"])  # each actor's noise, as of its last segment
     print(f"resumed from {args.resume} at step {global_step} (update {iteration})")
     return global_step, iteration + 1, iteration + (args.total_timesteps - global_step) // args.batch_size
 
@@ -1327,21 +1317,12 @@ def load_rms_state(rms, state):
     rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
 
 
-def load_agent(path, obs_dim, act_dim):
-    checkpoint = load_checkpoint(path)
-    agent = Agent(obs_dim, act_dim)
-    agent.load_state_dict(checkpoint["agent"])
-    obs_rms = RunningMeanStd(shape=(obs_dim,))
-    load_rms_state(obs_rms, checkpoint["obs_rms"])
-    return agent, obs_rms
-
-
 @torch.inference_mode()
-def evaluate(path, args, writer):
-    """--eval-episodes episodes of the saved policy (mean actions, frozen observation statistics), their
-    returns logged as eval/episodic_return."""
+def evaluate(saved, args, writer):
+    """--eval-episodes episodes of the trained policy, as saved (mean actions, frozen observation statistics),
+    their returns logged as eval/episodic_return."""
     env = gym.wrappers.RecordEpisodeStatistics(gym.make(args.env_id))
-    agent, obs_rms = load_agent(path, env.observation_space.shape[0], env.action_space.shape[0])
+    agent, obs_rms = saved["agent"], saved["obs_rms"]
     returns = []
     obs, _ = env.reset(seed=args.seed + 10_000)
     while len(returns) < args.eval_episodes:
@@ -1367,8 +1348,12 @@ def explained_variance(values, returns):
 
 def open_logs(args, run_name):
     """TensorBoard in runs/<run_name>, a folder never used before, mirrored to Weights & Biases with --track."""
-    if os.path.exists(f"runs/{run_name}"):  # never mix two runs' logs or checkpoints
-        sys.exit(f"error: runs/{run_name} already exists; wait a second or change --exp-name")
+    try:
+        os.makedirs(f"runs/{run_name}")  # never mix two runs' logs or checkpoints
+    except OSError as error:  # it exists, or runs/ is a file or read-only
+        sys.exit(f"error: cannot make the run folder runs/{run_name}: {error.strerror}")
+    print(f"run folder: runs/{run_name} (tensorboard --logdir runs). Below, return: the mean of the last 100 "
+          "episodes; lag: how many updates behind the learner the actors' policies were, on average", flush=True)
     if args.track:
         import wandb
 
@@ -1379,37 +1364,124 @@ def open_logs(args, run_name):
     return writer
 
 
-def close_logs(writer, args):
+class Stop:
+    """Why the training loop ends early: Ctrl-C or SIGTERM (after the update under way, then `finish` saves; a second
+    signal stops at once, unsaved), or a loss or weight that is no longer finite (checked once an update)."""
+
+    def __init__(self):
+        self.signal = self.diverged = None
+        signal.signal(signal.SIGINT, self.request)
+        signal.signal(signal.SIGTERM, self.request)
+
+    def request(self, signum, frame):
+        if self.signal:
+            raise SystemExit(128 + signum)
+        self.signal = signum
+        print(f"\n{signal.Signals(signum).name}: stopping after this update (again: at once, unsaved)", flush=True)
+
+    def after(self, iteration, stats, params):
+        """True when the loop stops after this update; `diverged` then names what is not finite."""
+        values = {name: torch.stack(v).mean() for name, v in stats.items()}
+        values.update({f"weights {name}": p for name, p in params.items()})
+        bad = [name for name, value in values.items() if not value.isfinite().all()]
+        self.diverged = f"update {iteration} made the {bad[0]} NaN or infinite" if bad else None
+        return bool(self.signal or bad)
+
+
+class LearnerStop(Stop):
+    """Stop, and what a learner with actors stops for besides: `fault`, why the machinery cannot go on (an actor lost
+    under --sync or --stop-on-actor-loss, none left, the group broken; then `finish` saves and exits 1). A second
+    signal also kills the actor processes it started (`processes`) and exits at once, with no teardown, which a
+    receive that no actor will complete could hold."""
+
+    def __init__(self, processes):
+        super().__init__()
+        self.processes, self.fault = processes, None
+
+    def request(self, signum, frame):
+        if self.signal:
+            for process in self.processes.values():
+                process.kill()
+            os._exit(128 + signum)
+        super().request(signum, frame)
+
+    def now(self, comm, args):
+        """True when the run must stop now, asked while the learner waits for data: a signal came, or a fault (which
+        sets `fault`). Prints every actor lost, once."""
+        lost = comm.watch(self.processes, args.actor_timeout)
+        for actor, reason in lost.items():
+            print(f"actor {actor} lost: {reason}", flush=True)
+        if lost and (args.stop_on_actor_loss or args.sync):
+            why = "--sync needs every actor" if args.sync else "--stop-on-actor-loss"
+            self.fault = f"actor {min(lost)} lost ({why})"
+        elif comm.error is not None and not self.signal:
+            self.fault = f"communication failed: {str(comm.error).splitlines()[0]}"
+        elif not comm.live() and not self.signal:
+            self.fault = "no actor left"
+        return bool(self.signal or self.fault)
+
+
+def finish(args, saved, run_name, global_step, iteration, writer, stop, shut_down):
+    """The end of a run: its checkpoint (with --save-model), its evaluation. After a signal, a checkpoint anyway, the
+    command that resumes it and exit 130 (Ctrl-C) or 143 (SIGTERM); after a divergence, none (the earlier ones stay);
+    after a fault, a checkpoint, why, and exit 1. The actors are told to stop (`shut_down`: True once the group is
+    gone) after the checkpoint is saved, since under torchrun a SIGTERM is followed by a SIGKILL if the shutdown
+    takes long."""
+    path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+    if (args.save_model or stop.signal or stop.fault) and not stop.diverged:
+        save_checkpoint(path, checkpoint_of(saved, global_step, iteration, args))
+    ended = shut_down()
+    if args.save_model and not (stop.signal or stop.fault or stop.diverged):
+        evaluate(saved, args, writer)
     writer.close()
     if args.track:
         import wandb
 
         wandb.finish()
+    resume, code = f"continue with: python {os.path.basename(__file__)} --resume {path}", 0
+    if stop.diverged:
+        print(f"error: {stop.diverged}: the run stopped (its checkpoints before it, if any: runs/{run_name})",
+              file=sys.stderr)
+        code = 1
+    elif stop.fault:
+        print(f"error: stopped at step {global_step}, update {iteration}: {stop.fault}; {resume}", file=sys.stderr)
+        code = 1
+    elif stop.signal:
+        print(f"stopped at step {global_step}; {resume}")
+        code = 128 + stop.signal
+    sys.stdout.flush(), sys.stderr.flush()
+    sys.exit(code) if ended else os._exit(code)  # a receive blocked on a silent actor must not hold the exit
 
 
 class Progress:
-    """The progress line, every 10 s and at the end: steps, steps per second, the mean return of the last
-    100 episodes, the batch's mean policy lag, the ETA."""
+    """The progress line, every 10 s from the second update and at the end: steps, steps per second since the start
+    (SPS), the mean return of the last 100 episodes, the batch's mean policy lag, and the time left at the pace since
+    the first update, which also compiled the update step."""
 
     def __init__(self, start_step, end_step):
-        self.start_step, self.end_step = start_step, end_step
+        self.start_step, self.end_step, self.first = start_step, end_step, None
         self.start_time = self.last_print = time.time()
 
     def update(self, global_step, recent_returns, lag, last):
         """Print the line when it is due; returns the steps per second since the start."""
         now = time.time()
         sps = int((global_step - self.start_step) / (now - self.start_time))
-        if now - self.last_print > 10 or last:
+        self.first = self.first or (global_step, now)  # the end of the first update
+        if now - self.last_print > 10 and global_step > self.first[0] or last:
             self.last_print = now
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-            left = int((self.end_step - global_step) / max(sps, 1))  # seconds
+            left = int((self.end_step - global_step) * (now - self.first[1]) / max(global_step - self.first[0], 1))
             eta = f"{left // 3600}h{left % 3600 // 60:02d}m" if left >= 3600 else f"{left // 60}m{left % 60:02d}s"
             print(f"step {global_step}/{self.end_step} ({100 * global_step / self.end_step:.0f}%) | SPS: {sps} | "
                   f"return (last {len(recent_returns)} eps) {recent} | lag {lag:.2f} | ETA {eta}", flush=True)
-        if last and recent_returns:
-            print(f"final: mean episodic return of the last {len(recent_returns)} episodes = "
-                  f"{np.mean(recent_returns):.1f}")
         return sps
 
+
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    args, torchrun = tyro.cli(Args), dist.is_torchelastic_launched()
+    if args.resume and not (torchrun and os.environ["RANK"] != "0"):  # the learner: an actor takes its options
+        saved = load_checkpoint(args.resume)["args"]
+        saved["num_actors"] = None if torchrun else saved["num_actors"]  # under torchrun, its processes count them
+        # a resumed run: the checkpoint's options are the defaults, so that one left out changes nothing
+        args = tyro.cli(Args, default=Args(**saved))
+    main(args)

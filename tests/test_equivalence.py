@@ -151,10 +151,17 @@ SIBLINGS = {
         "checkpoint_of": [r'lr_scale|"lag_rng": saved'], "resume": [r"lr_scale"],
         "load_checkpoint": [r'lr_scale|"lag_rng"\) if part|^ +if part not in checkpoint']},
     # vaco_async.py: VACO's method as it is, around actor processes and a learner (the machinery: every region
-    # vaco_continuous.py lacks, the rollout of an actor, its options, checks, checkpoints and main)
+    # vaco_continuous.py lacks, the rollout of an actor, its options, checks, checkpoints and main; the parts its
+    # checkpoints hold, every actor's noise generator in place of the snapshots and the lag draws; and the end of a
+    # run, `finish`, which tells the actors to stop between the checkpoint and the evaluation, and also stops for
+    # what the machinery cannot go on with, an actor lost under --sync or none left, with a checkpoint and exit 1)
     ("vaco_continuous.py", "vaco_async.py"): {
         "header": True, "imports": True, "Args": True, "Args.*": True, "make_envs": True, "RewardScaler": True, "PolicyBuffer": True,
-        "collect_rollout": True, "main": True, "check_args": True, "checkpoint_of": True, "resume": True, "added": True},
+        "collect_rollout": True, "main": True, "check_args": True, "checkpoint_of": True, "resume": True, "added": True,
+        "load_checkpoint": [r'"(lag_rng|actor_generators)"\) if part not in checkpoint'], "finish": True,
+        # under torchrun only the learner reads --resume (its file need exist on its node only), and the processes
+        # torchrun started, not the checkpoint, count the actors
+        "__main__": True},
 }
 # the method's functions that several scripts carry: one code in all of them
 COPIES = {"ppo_policy_loss": ["ppo_continuous.py", "vaco_continuous.py", "vaco_async.py"],
@@ -165,9 +172,9 @@ COPIES = {"ppo_policy_loss": ["ppo_continuous.py", "vaco_continuous.py", "vaco_a
 
 def regions(path):
     """[region of each line] of a script: "header" (above the imports: its comments and docstring), "imports", an
-    option of Args ("Args.<field>", with its docstring and the comments above it), or a top-level function or class
-    (with its decorators, the comments above it and the snippet markers around it); a blank line takes the region
-    of the line above it."""
+    option of Args ("Args.<field>", with its docstring and the comments above it), a top-level function or class
+    (with its decorators, the comments above it and the snippet markers around it), or "__main__" (the block under
+    `if __name__ == "__main__":`); a blank line takes the region of the line above it."""
     with open(os.path.join(ROOT, path)) as f:
         source = f.read()
     lines, tree = source.splitlines(), ast.parse(source)
@@ -189,6 +196,8 @@ def regions(path):
             spans.append((start, max(ends), "Args"))
         elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             spans.append((first, node.end_lineno, node.name))
+        elif isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
+            spans.append((first, node.end_lineno, "__main__"))  # what runs the script from the command line
     first_import = min(a for a, _, r in spans if r == "imports")
     spans.append((1, first_import - 1, "header"))
     for a, b, region in spans:

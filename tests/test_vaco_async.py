@@ -22,8 +22,10 @@ import pytest
 import torch
 
 import vaco_async
+import vaco_continuous
 from conftest import ROOT, cli_flags, read_scalars
 from test_continuous import Payload
+from test_keeps_its_work import KINDS, not_ours
 
 SCRIPT = os.path.join(ROOT, "vaco_async.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # torchrun, of this Python
@@ -168,9 +170,11 @@ BAD_INPUTS = [
     (dict(max_policy_lag=-1), "--max-policy-lag must be in [0, inf), got -1"),
     (dict(queue_batches=0), "--queue-batches must be in [1, inf), got 0"),
     (dict(actor_timeout=0.0), "--actor-timeout must be in (0, inf), got 0.0"),
-    (dict(total_timesteps=32), "less than one batch"),
+    (dict(total_timesteps=32), "--total-timesteps 32 leaves less than a batch (64) to train"),
     (dict(env_id="CartPole-v1"), "CartPole-v1 has a Discrete action space"),
-    (dict(resume="missing.cleanrl_model"), "--resume missing.cleanrl_model: no such file"),
+    (dict(resume="missing.cleanrl_model"), "missing.cleanrl_model: no such file"),
+    (dict(num_minibatches=64, num_steps=32), "a minibatch of 1 sample cannot normalise its advantages"),
+    (dict(exp_name="../elsewhere"), "--exp-name names the run's folder: a plain name, not '../elsewhere'"),
 ]
 
 
@@ -319,8 +323,8 @@ def test_two_actors_finish_with_lag_and_a_checkpoint(launch, tmp_path):
         assert len(sps) == len(waits) >= 1 and np.isfinite(sps + waits).all() and min(sps) > 0
     assert scalars["charts/backward_tv"][0] < 1e-6  # version 0 acted and is evaluated: ratio 1
     checkpoint = torch.load(f"{run_dir}/vaco_async.cleanrl_model", weights_only=True)
-    assert set(checkpoint) == {"agent", "optimizer", "obs_rms", "reward_rms", "generator", "actor_generators",
-                               "global_step", "iteration", "args"}
+    assert set(checkpoint) == {"script", "agent", "optimizer", "obs_rms", "reward_rms", "generator",
+                               "actor_generators", "global_step", "iteration", "args"}
     assert checkpoint["global_step"] == 512 and checkpoint["iteration"] == 8  # iteration: the learner's version
     assert sorted(checkpoint["actor_generators"]) == [1, 2]
     # every observation either actor saw, once: two resets and all the steps of the segments taken
@@ -432,7 +436,8 @@ def test_an_actor_lost_under_sync_stops_the_run_at_once_every_time(launch, tmp_p
     code, out, err = run.finish(timeout=50)
     assert code == 1, out + err
     assert time.time() - killed_at < 15, out + err
-    assert re.search(r"actor \d lost: ", out) and "lost (--sync needs every actor); continue with --resume" in err
+    assert re.search(r"actor \d lost: ", out)
+    assert "lost (--sync needs every actor); continue with: python vaco_async.py --resume " in err
     assert "killed" not in err and glob.glob(f"{tmp_path}/runs/*/vaco_async.cleanrl_model")
 
 
@@ -548,6 +553,24 @@ def test_no_data_at_all_checkpoints_and_exits_non_zero(launch, tmp_path):
 
 
 @pytest.mark.floatfree
+def test_a_diverged_run_stops_keeping_its_finite_checkpoints(launch, tmp_path):
+    # a learning rate of 10 makes the loss NaN within a few updates: the run stops after that update with one
+    # line, saves no checkpoint of its weights (nor sends them to the actor), and keeps those of the updates before
+    run = script(launch, *flags(num_actors=1, sync=True, learning_rate=10, save_model=True, checkpoint_every=1))
+    code, out, err = run.finish(timeout=90)
+    assert code == 1 and "Traceback" not in err, out + err
+    (run_dir,) = glob.glob(f"{tmp_path}/runs/*")
+    last = re.fullmatch(r"error: update (\d+) made the \S+ NaN or infinite: the run stopped \(its checkpoints before "
+                        rf"it, if any: runs/{os.path.basename(run_dir)}\)", err.strip().splitlines()[-1])
+    assert last, err
+    saved = sorted(glob.glob(f"{run_dir}/*.cleanrl_model"), key=os.path.getmtime)
+    assert [os.path.basename(path) for path in saved] == [f"vaco_async_step{64 * update}.cleanrl_model"
+                                                          for update in range(1, int(last.group(1)))]
+    for path in saved:
+        assert all(torch.isfinite(value).all() for value in torch.load(path, weights_only=True)["agent"].values())
+
+
+@pytest.mark.floatfree
 def test_sigint_checkpoints_and_resume_continues(launch, tmp_path):
     run = script(launch, *flags(num_actors=1, total_timesteps=1_000_000, exp_name="first"), name="first")
     run.wait_for(r"step \d+/", timeout=60)  # a few updates
@@ -555,10 +578,11 @@ def test_sigint_checkpoints_and_resume_continues(launch, tmp_path):
     code, out, err = run.finish(timeout=60)
     assert code == 128 + signal.SIGINT, out + err
     (path,) = glob.glob(f"{tmp_path}/runs/*__first__*/first.cleanrl_model")
-    assert f"continue with --resume {os.path.relpath(path, tmp_path)}" in err
     checkpoint = torch.load(path, weights_only=True)
     step, version = checkpoint["global_step"], checkpoint["iteration"]
     assert step > 0 and version > 0 and step == 64 * version
+    assert out.strip().splitlines()[-1] == \
+        f"stopped at step {step}; continue with: python vaco_async.py --resume {os.path.relpath(path, tmp_path)}"
 
     total = step + 128
     code, out, err = script(launch, *flags(num_actors=1, total_timesteps=total, exp_name="resumed", resume=path,
@@ -602,6 +626,73 @@ def test_resume_with_another_segment_size_ends_at_its_budget(launch, tmp_path, f
     assert f"step {end}/{end} (100%)" in out
     assert torch.load(glob.glob(f"{tmp_path}/runs/*__resumed__*/resumed.cleanrl_model")[0],
                       weights_only=True)["global_step"] == end
+
+
+@pytest.mark.floatfree
+def test_a_resumed_run_takes_its_settings_from_its_checkpoint(launch, tmp_path, first_checkpoint):
+    # only the length, the name and how long an actor may be silent on the command line: the layout (4 envs, 2
+    # actors, segments of 32 steps), --save-model and the rest come from the checkpoint
+    command = ["--resume", first_checkpoint, "--total-timesteps", "1300", "--exp-name", "resumed",
+               "--actor-timeout", "30"]
+    code, out, err = script(launch, *command, name="resumed").finish(timeout=90)
+    assert code == 0, out + err
+    assert out.startswith("note: the run trains to step 1280, the last whole batch of 128 within --total-timesteps "
+                          "1300\n") and "learner: 2 actor(s) joined" in out and "step 1280/1280 (100%)" in out
+    (path,) = glob.glob(f"{tmp_path}/runs/*__resumed__*/resumed.cleanrl_model")
+    saved = torch.load(path, weights_only=True)["args"]
+    assert [saved[name] for name in ("num_envs", "num_actors", "num_steps", "compile", "actor_timeout")] == \
+        [4, 2, 32, False, 30.0]
+
+
+# options a resumed run refuses to change: the lag's settings, which change the data it trains on, like the method's
+REFUSED = [("sync", True, "--sync True differs from False"),
+           ("queue_batches", 2, "--queue-batches 2 differs from 1"),
+           ("actor_delay_ms", 5.0, "--actor-delay-ms 5.0 differs from 0.0"),
+           ("max_policy_lag", 0, "--max-policy-lag 0 differs from None"),
+           ("gamma", 0.9, "--gamma 0.9 differs from 0.99"),
+           ("env_id", "Ant-v4", "--env-id Ant-v4 differs from Hopper-v4")]
+
+
+@pytest.mark.floatfree
+@pytest.mark.parametrize("option, value, message", REFUSED, ids=[option for option, _, _ in REFUSED])
+def test_a_resumed_run_refuses_an_option_that_changes_the_run(option, value, message, first_checkpoint, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        vaco_async.main(vaco_async.Args(**{**TINY, "total_timesteps": 1300, "resume": first_checkpoint, option: value}))
+    assert str(exc.value) == (f"error: {message}, the value {first_checkpoint} was trained with: a resumed run keeps "
+                              "its own settings (leave the option out)")
+    assert not os.path.exists("runs")
+
+
+def nothing_starts(monkeypatch):
+    """Make building an env, opening the learner's store or starting a process fail the test."""
+    for module, name in ((vaco_async.gym, "make"), (vaco_async, "open_store"), (vaco_async.mp, "get_context")):
+        monkeypatch.setattr(module, name, lambda *args, **kwargs: pytest.fail(f"{name} was called"))
+
+
+@pytest.mark.floatfree
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "another script's"])
+def test_a_file_not_its_checkpoint_is_one_line_before_any_process(kind, first_checkpoint, tmp_path, monkeypatch):
+    path, message = not_ours(kind, vaco_async, first_checkpoint, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    nothing_starts(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        vaco_async.main(vaco_async.Args(**TINY, resume=path))
+    assert str(exc.value) == f"error: {path}: {message}"
+    assert not os.path.exists("runs")
+
+
+@pytest.mark.floatfree
+def test_another_script_s_checkpoint_is_refused_naming_both(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    vaco_continuous.main(vaco_continuous.Args(**{**TINY, "total_timesteps": 128}, exp_name="sync", save_model=True,
+                                              eval_episodes=0))
+    (path,) = glob.glob(f"{tmp_path}/runs/*__sync__*/sync.cleanrl_model")
+    nothing_starts(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        vaco_async.main(vaco_async.Args(**TINY, resume=path))
+    assert str(exc.value) == f"error: {path}: not a checkpoint of vaco_async.py but of vaco_continuous.py"
 
 
 @pytest.mark.floatfree
