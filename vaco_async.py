@@ -666,6 +666,8 @@ def actor_process(rank, world_size, args, port=None):
     """An actor process, started by torchrun or spawned by the learner (`port`: its store on
     127.0.0.1): exits 0 when the learner stops or dismisses it, 1 when the learner is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole terminal: the learner decides
+    if port is not None:  # spawned: the learner is its parent process, whose end it sees at once, at any stage
+        threading.Thread(target=watch_learner, args=(rank,), name="learner-watch", daemon=True).start()
     timeout = process_group_timeout(args)
     try:
         store = None if port is None else dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
@@ -678,12 +680,39 @@ def actor_process(rank, world_size, args, port=None):
         run_actor(rank, Args(**learner_args), run_name, rng_state)
         dist.destroy_process_group()
     except RuntimeError as e:  # gloo's, when the learner is gone: "Connection closed by peer", a timeout
-        sys.exit(f"error: actor {rank} stopped: {str(e).splitlines()[0]}")
-    # Its envs are closed and its group destroyed: nothing is left to save. Python's own teardown of
-    # torch would hold the learner, which waits for every actor to exit, for a second or more.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        gone = port is not None and learner_gone(rank, timeout=1.0)  # spawned: the learner's end, if that was it
+        leave(1, gone or f"error: actor {rank} stopped: {str(e).splitlines()[0]}")
+    leave(0)  # its envs are closed and its group destroyed: nothing is left to save
+
+
+def watch_learner(rank):
+    """A spawned actor's thread: waits for its parent, the learner, to end (killed, say), then ends the actor with
+    one line, whatever it was doing: starting up, joining the group, acting or waiting for a reply. Without it an
+    actor whose learner died before the group formed would wait out gloo's timeout, 10 minutes and more."""
+    leave(1, learner_gone(rank, timeout=None))
+
+
+def learner_gone(rank, timeout):
+    """The line a spawned actor leaves with once its learner has ended, waited for up to `timeout` s (None: as long
+    as it takes), or None while the learner runs. Its sentinel is a pipe the learner holds open until it ends."""
+    learner = mp.parent_process()
+    learner.join(timeout)
+    return None if learner.is_alive() else f"error: actor {rank} stopped: its learner (process {learner.pid}) is gone"
+
+
+LEAVING = threading.Lock()  # held by the thread that ends an actor
+
+
+def leave(code, line=None):
+    """End this actor process with `code`, after `line` (on stderr): one line, whichever of its threads (the
+    actor's own, `watch_learner`) comes first; the other waits here until the process is gone. No Python teardown:
+    torch's would hold the learner, which waits for every actor to exit, for a second or more."""
+    with LEAVING:
+        if line:
+            print(line, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 # --- Learner ------------------------------------------------------------------------------------

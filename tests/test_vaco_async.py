@@ -6,6 +6,7 @@ import collections
 import contextlib
 import glob
 import os
+import random
 import re
 import signal
 import socket
@@ -550,6 +551,42 @@ def test_no_data_at_all_checkpoints_and_exits_non_zero(launch, tmp_path):
     assert re.search(r"error: stopped at step \d+, update \d+: no actor left", err)
     (path,) = glob.glob(f"{tmp_path}/runs/*/vaco_async.cleanrl_model")
     assert torch.load(path, weights_only=True)["global_step"] < 100_000
+
+
+def environment(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+
+
+@pytest.mark.floatfree
+def test_actors_leave_when_their_learner_is_killed_at_any_moment(launch, tmp_path):
+    # kill -9 of the learner at 5 random moments from its actors' spawn (just after "run folder:"): while they start
+    # Python, connect to its store, join the group, take their settings, act. Every time every actor is gone within
+    # --actor-timeout of the kill, having said one line, no traceback. (Until actors watched their learner, those it
+    # left before they joined waited out gloo's timeout, 20 minutes, then printed 40 lines of C++ stack frames each.)
+    # An actor leaves as soon as its Python is up: with the study running on both cores of a 2-core machine that
+    # took up to 8 s after its spawn, so the timeout is 20 s. The moments are drawn from 5 successive 1 s intervals
+    timeout = 20
+    for attempt, delay in enumerate(random.uniform(i, i + 1) for i in range(5)):
+        name = f"attempt{attempt}"
+        run = script(launch, *flags(num_actors=2, total_timesteps=10**6, actor_timeout=timeout, exp_name=name,
+                                    env_id="Hopper-v5"), name=name)  # v5: no warning that it is out of date
+        run.wait_for("run folder: ", timeout=60)  # the actors are spawned right after it
+        tag = environment(run.proc.pid)[b"VACO_TEST_TAG"].decode()
+        time.sleep(delay)
+        seen = children(run.proc.pid, "spawn_main")  # the actors that are up
+        os.kill(run.proc.pid, signal.SIGKILL)
+        killed_at = time.time()
+        run.proc.wait()
+        while (left := tagged_processes(tag)) and time.time() < killed_at + timeout:
+            time.sleep(0.1)
+        out, err = run.output()
+        assert not left, f"{left} alive {timeout} s after their learner was killed {delay:.2f} s in:\n{out}{err}"
+        lines = err.strip().splitlines()
+        said = [re.fullmatch(rf"error: actor (\d) stopped: its learner \(process {run.proc.pid}\) is gone", line)
+                for line in lines]
+        assert all(said) and len(lines) >= len(seen), f"killed {delay:.2f} s in:\n{err}"
+        assert len({match.group(1) for match in said}) == len(lines)  # one line each
 
 
 @pytest.mark.floatfree
