@@ -566,7 +566,7 @@ def test_the_readme_starts_with_three_commands_and_two_answers():
     """The quick start: the CPU wheel, the main job, the tests, adjacent and in the first 50 lines, the test
     command where .ci/run finds it; then the answers to "actors lag?" and "does VACO work?" in the first 60."""
     lines = read(README).splitlines()
-    assert len(lines) <= 120, f"README.md has {len(lines)} lines; the rest belongs on the site"
+    assert len(lines) <= 130, f"README.md has {len(lines)} lines; the rest belongs on the site"
     wheel = next(i for i, line in enumerate(lines) if line.startswith("python3 -m pip install torch --index-url"))
     assert wheel < 50 and "download.pytorch.org/whl/cpu" in lines[wheel]
     assert lines[wheel + 1].startswith("python3 -m pip install -r requirements/mujoco.txt && python3 vaco_continuous.py "
@@ -596,10 +596,13 @@ def test_the_readmes_table_is_the_reports():
     section = report_section(ROOT / "benchmark/results/ten-tasks/report.md", "which_script")
     text = read(README)
     text = text[text.index("### Under lag, which script"):text.index("## The scripts")]
-    assert table_rows(text) == [[plain(cell) for cell in row] for row in table_rows(section)], \
+    assert [[plain(cell) for cell in row] for row in table_rows(text)] == \
+        [[plain(cell) for cell in row] for row in table_rows(section)], \
         "README.md's table differs from benchmark/results/ten-tasks/report.md:which_script; copy it again"
+    # the README's commands run `python3`, as its install lines do; the report's, `python`
     commands = [line for line in section.splitlines() if line.startswith("- ")]
-    assert commands and [line for line in text.splitlines() if line.startswith("- ")] == commands, \
+    readme = [plain(line).replace("`python3 ", "`python ") for line in text.splitlines() if line.startswith("- ")]
+    assert commands and readme == [plain(line) for line in commands], \
         "README.md's commands differ from benchmark/results/ten-tasks/report.md:which_script; copy them again"
 
 
