@@ -474,9 +474,10 @@ def vaco_policy_loss(newlogprob, behaviour_logprobs, advantages, tv_threshold, p
 
 # --8<-- [start:minibatch_loss]
 def minibatch_loss(params, agent, mb, args):
-    """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of
-    `agent`), so that `train_step` can differentiate it. Returns (loss, {statistic: value} to log)."""
-    mean, logstd, newvalue = torch.func.functional_call(agent, params, (mb["obs"],))
+    """The loss of one minibatch as a function of the parameters `params` ({name: tensor} of `agent`; None: its own),
+    so that `train_step` can differentiate it. Returns (loss, {statistic: value} to log)."""
+    mean, logstd, newvalue = (agent(mb["obs"]) if params is None
+                              else torch.func.functional_call(agent, params, (mb["obs"],)))
     newlogprob = gaussian_logprob(mb["actions"], mean, logstd)
     entropy = gaussian_entropy(logstd)
 
@@ -538,10 +539,9 @@ def train_step(params, adam, flat, indices, lr, agent, args):
     mb = {key: value[indices] for key, value in flat.items()}
     if torch.compiler.is_compiling():  # torch.func.grad is traced into the compiled program
         grads, stats = torch.func.grad(minibatch_loss, has_aux=True)(params, agent, mb, args)
-    else:  # eagerly, torch.autograd.grad: the same gradient, for less than torch.func.grad costs
-        leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
-        loss, stats = minibatch_loss(leaves, agent, mb, args)
-        grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+    else:  # eagerly: the agent's own parameters and torch.autograd.grad, the same gradient at less cost
+        loss, stats = minibatch_loss(None, agent, mb, args)
+        grads = dict(zip(params, torch.autograd.grad(loss, list(agent.parameters()))))
 
     # gradient clipping: g <- g * min(1, max_grad_norm / ||g||), ||g|| over all parameters
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
@@ -551,11 +551,12 @@ def train_step(params, adam, flat, indices, lr, agent, args):
     # v <- b2 v + (1 - b2) g^2,  p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
     beta1, beta2, eps = 0.9, 0.999, 1e-5
     adam["step"].add_(1)
+    bias1, bias2 = 1 - beta1 ** adam["step"], 1 - beta2 ** adam["step"]  # once a step, not once a tensor
     for name, p in params.items():
         g = grads[name] * scale
         m = adam["exp_avg"][name].mul_(beta1).add_((1 - beta1) * g)
         v = adam["exp_avg_sq"][name].mul_(beta2).add_((1 - beta2) * g * g)
-        p.sub_(lr * (m / (1 - beta1 ** adam["step"])) / ((v / (1 - beta2 ** adam["step"])).sqrt() + eps))
+        p.sub_(lr * (m / bias1) / ((v / bias2).sqrt() + eps))
     return stats
 # --8<-- [end:train_step]
 
