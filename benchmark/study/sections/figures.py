@@ -50,7 +50,8 @@ def lag_figure(points, intervals, ks, main_tasks, path):
                 complete = len(x) == len(ks)
                 c = plotting.colour(algorithm)
                 ax.plot(x, y, marker=plotting.marker(algorithm), ms=7, label=plotting.name(algorithm), color=c,
-                        lw=2.4 if algorithm in ("ppo", "vaco") else 1.4, ls="-" if complete else "--")
+                        lw=2.4 if algorithm in ("ppo", "vaco") else 1.4,
+                        ls="-" if complete else "--" if len(x) > 1 else "none")  # one point: no line to draw
                 if complete:
                     ax.fill_between(x, lo, hi, alpha=0.15, color=c)
                 else:  # run at fewer K: dashed line, intervals only where measured
@@ -63,14 +64,19 @@ def lag_figure(points, intervals, ks, main_tasks, path):
         ax.set_title(f"Lag robustness ({names})" if len(main_tasks) <= 4 else f"Lag robustness, {len(main_tasks)} tasks")
         ax.grid(True, alpha=0.25)
         fig.legend(loc="outside upper center", ncol=3 if len(ax.get_lines()) <= 3 else 2)
+        # the line styles as drawn: the Ks of the figure named, and a method measured at one K a point, not a line
         style = [((Line2D([], [], color="grey", lw=2), Patch(color="grey", alpha=0.15)),
-                  "run at every K: solid line, band = 95 % interval")]
+                  f"run at {plotting.k_list(ks)}: solid line, band = 95 % interval")]
         if partial:
             measured = sorted({tuple(x) for x in partial.values()})
             where = plotting.k_list(measured[0]) + " only" if len(measured) == 1 else "fewer K"
-            style.append((Line2D([], [], color="grey", lw=1.4, ls="--", marker="o"),
-                          f"run at {where}: the dashed line only joins\n"
-                          "the measured points, bars = 95 % interval"))
+            if all(len(x) == 1 for x in measured):
+                style.append((Line2D([], [], color="grey", ls="none", marker="o"),
+                              f"run at {where}: a point, bar = 95 % interval"))
+            else:
+                style.append((Line2D([], [], color="grey", lw=1.4, ls="--", marker="o"),
+                              f"run at {where}: the dashed line only joins\n"
+                              "the measured points, bars = 95 % interval"))
         fig.legend(*zip(*style), loc="outside lower center", handlelength=2.5)
     plotting.save(fig, path)
 

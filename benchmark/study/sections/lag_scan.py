@@ -56,8 +56,9 @@ def scan(study, k):
     hurt = lag_hurt_tasks(raw, randoms, tasks, k)
     if hurt and methods:
         shares = lag_won_back(raw, hurt, k, methods, reps, seed)
-        lines += ["", f"The share of PPO's loss from K = 1 to K = {k} that X wins back, (X − PPO) / (PPO at K = 1 − PPO) "
-                  f"at K = {k} of the mean final returns, on the tasks where lag hurts PPO at K = {k} "
+        lines += ["", f"The share of PPO's loss from K = 1 to K = {k} that X wins back, from the mean final returns, "
+                  f"(X − PPO) / (PPO at K = 1 − PPO) with X and PPO at K = {k} (0 is PPO under this lag, 1 is "
+                  f"synchronous PPO), on the tasks where lag hurts PPO at K = {k} "
                   f"({', '.join(hurt)}), with 95% stratified-bootstrap intervals.", "",
                   "| task | " + " | ".join(method(a).name for a in methods) + " |", "|-|" + "-|" * len(methods),
                   *share_rows(hurt, methods, shares)]

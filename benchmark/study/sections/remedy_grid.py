@@ -107,9 +107,10 @@ def both_ways(study, a):
         rows.append(f"{head} **median** | | | {against_ppo[-1]} | {against_itself[-1]} |")
     if not rows:
         return [f"{name} has no run without lag on the tasks where lag hurts PPO.", ""]
-    return [f"What {name} wins back of PPO's lag loss, measured two ways: against PPO at K = 1, (X − PPO) / (PPO at "
-            "K = 1 − PPO) at K, and against itself at K = 1, (X − PPO) / (X at K = 1 − PPO), where 1 means that "
-            "lag costs it nothing (— where X at K = 1 ends no higher than PPO at K: no loss to win back, and no part "
+    return [f"What {name} (X) wins back of PPO's lag loss, measured two ways, from the mean final returns with X and "
+            "PPO at K: against PPO at K = 1, (X − PPO) / (PPO at K = 1 − PPO), as everywhere; and against itself at "
+            "K = 1, (X − PPO) / (X at K = 1 − PPO), where 1 means that lag costs it nothing, and what it costs without "
+            "lag is not counted (— where X at K = 1 ends no higher than PPO at K: no loss to win back, and no part "
             "of the median). The two differ by what it does without lag: its mean final return at K = 1 beside PPO's. "
             "95% stratified-bootstrap intervals; where the remedy has one seed, only the other runs' seeds are "
             "resampled, and the interval is too narrow. *Seeds*: the remedy's at K; at K = 1.", "",
