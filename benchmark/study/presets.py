@@ -99,7 +99,7 @@ METHODS = {
     "ppo-decoupled-kl-0.015": Method("ppo_continuous.py", ("--clip-reference", "proximal", "--max-update-kl", "0.015"),
                                      "decoupled PPO + KL stop", "orange", "v", retired_at=RETIRED_AT),
     "ppo-decoupled-lag-8": Method("ppo_continuous.py", ("--clip-reference", "proximal", "--max-policy-lag", "8"),
-                                  "decoupled PPO, lag under 8", "yellow", "P", retired_at=RETIRED_AT),
+                                  "decoupled PPO, lag under 8", "sky", "P", retired_at=RETIRED_AT),
     # the same KL stop under V-trace's advantages and decoupled PPO's clip, the method that narrows the policy most
     "vtrace-decoupled-kl-0.015": Method("vaco_continuous.py", ("--no-tv-filter", "--clip-reference", "proximal",
                                                                "--max-update-kl", "0.015"),
