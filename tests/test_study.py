@@ -201,6 +201,36 @@ def test_an_added_seed_enters_the_report_once_it_is_in_on_every_task():
     assert {s for *_, s in added} == set(range(4, 11)) and len(added) == 280
 
 
+def test_what_moved_sets_each_answer_on_the_first_seeds_beside_all():
+    # seeds 1-3 of every method, then seed 4 added to synchronous PPO, PPO, VACO and decoupled PPO at K = 8: VACO's
+    # seed 4 is far ahead on both tasks, so its IQM moves up, while GePPO keeps its 3 seeds (and moves only through
+    # synchronous PPO's mean); until seed 4 is in for every method on every task, there is nothing to set side by side
+    from benchmark.study.sections import what_moved
+
+    def run(task, algorithm, k, seed, final):
+        return {"task": task, "algorithm": algorithm, "k": k, "seed": seed, "total_timesteps": 10}, \
+            [{"step": i + 1, "episodes": 1, "return_mean": final} for i in range(10)]
+
+    tasks, randoms = ("TaskA-v4", "TaskB-v4"), {"TaskA-v4": 0.0, "TaskB-v4": 0.0}
+    first = {("ppo", 1): 100, ("vaco", 1): 100, ("ppo", 8): 60, ("vaco", 8): 70, ("ppo-decoupled", 8): 90,
+             ("geppo", 8): 80}
+    runs = [run(t, a, k, s, final + s) for (a, k), final in first.items() for t in tasks for s in (1, 2, 3)]
+    added_cells = [("ppo", 1), ("ppo", 8), ("vaco", 8), ("ppo-decoupled", 8)]
+    added = {(t, a, k, 4) for a, k in added_cells for t in tasks}
+    plan = {(t, a, k, s) for (a, k) in first for t in tasks for s in (1, 2, 3)} | added
+    seed_4 = [run(t, a, k, 4, {"vaco": 100}.get(a, first[(a, k)])) for a, k in added_cells for t in tasks]
+    study = analyze.study_of(runs + seed_4[:-1], randoms, planned=plan, added=added, reps=100)
+    assert what_moved.section(study) == "no added seed is in for every method on every task yet"
+    lines = what_moved.section(analyze.study_of(runs + seed_4, randoms, planned=plan, added=added, reps=100))
+    assert "| method | IQM, 3 seeds | width | IQM, 4 seeds | width | lag won back, 3 | 4 | clearly behind, 3 | 4 |" \
+        in lines
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines if line.startswith("| ") and "[" in line}
+    # VACO's IQM: (70 + s) / 102 on seeds 1-3, synchronous PPO's mean 102; with seed 4 (100) the mean is 101.5
+    assert rows["VACO"][0].startswith("0.71 [") and rows["VACO"][2] != rows["VACO"][0]
+    assert "GePPO (3 seeds)" in rows and rows["GePPO (3 seeds)"][0] != rows["GePPO (3 seeds)"][2]
+    assert any(line.startswith("| median over tasks | +") for line in lines)
+
+
 def test_a_cell_of_one_seed_shows_its_return_without_an_interval():
     runs = [(dict(task="TaskA-v4", algorithm=algorithm, k=1, seed=seed, total_timesteps=10),
              [dict(step=10, episodes=1, return_mean=final)]) for algorithm, seed, final in

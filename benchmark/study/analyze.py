@@ -26,12 +26,14 @@ from benchmark.study.random_scores import load_random_scores, update_random_scor
 from benchmark.study.scores import load_runs, ppo_references, score_table  # noqa: E402
 from benchmark.study.sections import (aggregates, baselines, decoupled_diagnostics, diagnostics,  # noqa: E402
                                       figures, geppo_eps, improvement, lag_recovered, lag_scan, per_task, remedies,
-                                      remedy_grid, summary_number, sweep, trust_region, vaco_vs_ppo, which_script, window)
+                                      remedy_grid, summary_number, sweep, trust_region, vaco_vs_ppo, what_moved,
+                                      which_script, window)
 
 # The report, in order. A section returns its Markdown lines, or, when the folder has nothing for it, the one line
 # that says why (printed, and left out of the report).
 SECTIONS = [per_task, which_script, vaco_vs_ppo, lag_recovered, decoupled_diagnostics, trust_region, lag_scan, remedies,
-            remedy_grid, geppo_eps, summary_number, diagnostics, window, aggregates, improvement, baselines, sweep, figures]
+            remedy_grid, geppo_eps, summary_number, what_moved, diagnostics, window, aggregates, improvement, baselines,
+            sweep, figures]
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Study:
     compared: list  # the tasks where PPO or VACO ran at a K of the grid: the comparisons of returns
     planned: set  # {(task, algorithm, K, seed)} that the presets writing into this folder plan
     waiting: dict  # {(algorithm, K): (seeds, runs in, runs planned)} of added seeds not yet in on every task: left out
+    added: frozenset  # {(task, algorithm, K, seed)} of the added seeds' runs, once they are in for all (what_moved)
     figures: FigureFolder  # where the figures go, and how the report links them
     reps: int = 2000  # bootstrap resamples
     seed: int = 0  # the bootstrap's seed
@@ -58,6 +61,14 @@ class Study:
     def grid_keys(self):
         """(algorithm, K) of the grid: at its lags."""
         return [key for key in self.keys if key[1] in self.ks]
+
+    def first_seeds(self):
+        """The same study on the seeds every method first ran: the runs of the added seeds left out, and out of the
+        plan (what_moved.py sets its answers beside this one's)."""
+        runs = [(meta, rows) for meta, rows in self.runs
+                if (meta["task"], meta["algorithm"], meta["k"], meta["seed"]) not in self.added]
+        return study_of(runs, self.randoms, self.folder, None, self.planned - self.added, self.reps, self.seed,
+                        self.window)
 
     @property
     def head_ks(self):
@@ -101,6 +112,7 @@ def study_of(runs, randoms, folder=".", figures_dir=None, planned=frozenset(), r
     compared = [t for t in tasks if any(raw.get((a, k), {}).get(t) for a in ("ppo", "vaco") for k in ks)]
     return Study(folder=folder, runs=runs, randoms=randoms, raw=raw, normalised=normalised, tasks=tasks, keys=keys,
                  ks=ks, main_tasks=main_tasks, compared=compared, planned=planned, waiting=waiting,
+                 added=frozenset(p for p in added if p[1:] not in running),
                  figures=FigureFolder(figures_dir or folder, folder), reps=reps, seed=seed, window=window)
 
 

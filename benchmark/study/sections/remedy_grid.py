@@ -53,7 +53,7 @@ def remedy(study, a, k):
     lines = [f"{name} at K = {k} on the {len(tasks)} tasks, on {seeds_text(seeds)}" + (f" ({screen})" if screen else "")
              + f", beside PPO without lag and at K = {k} and {base}, with all their seeds. Mean final return with its "
              f"95% t-interval; *won*: the pairings of seeds won against PPO at K = 1 / at K = {k}, of all; *clearly "
-             f"behind*: at most {CLEARLY_BEHIND:.2f} of them won.", "",
+             f"behind*: at most {CLEARLY_BEHIND:.0%} ({CLEARLY_BEHIND * 9:.0f}/9) of them won.", "",
              f"| task | PPO at K = 1 | PPO at K = {k} | {base} | {name} | {name}: won | {base}: won |",
              "|-|-|-|-|-|-|-|"]
     behind = {(who, against): [] for who in (a, BASE) for against in (1, k)}

@@ -60,7 +60,7 @@ def section(study):
                   f"the {len(hurt)} tasks where lag hurts PPO ({', '.join(hurt)}), with its interval, and the range of "
                   "the per-task shares. *Pairs won*: of every pairing of a seed of X with a seed of PPO at "
                   f"K = {k}, on all {len(tasks)} tasks, those where X's final return is higher. *Clearly behind PPO*: "
-                  f"the tasks where X wins at most {CLEARLY_BEHIND * 9:.0f} of 9 pairs.", "",
+                  f"the tasks where X wins at most {CLEARLY_BEHIND:.0%} ({CLEARLY_BEHIND * 9:.0f}/9) of its pairs.", "",
                   "| method | lag won back (median) | range over tasks | pairs won | clearly behind PPO on |",
                   "|-|-|-|-|-|"]
         for a in methods:

@@ -59,7 +59,11 @@ def _number(text):
         return None
 
 
-def section(study):
+def answers(study):
+    """What the table says, computed once (what_moved.py asks it of the first seeds too): {"k", "tasks", "hurt",
+    "larger", "scan_tasks", "partial", "scan_partial", "order", "cells"}, the cells {algorithm: {"iqm", "scan",
+    "behind", "share"}} of PPO and each method under lag, the order of the rows; or the line that says why there is no
+    table."""
     if not study.has_vaco:
         return "no run of VACO"
     raw, normalised, tasks, k, reps, seed = study.raw, study.normalised, study.compared, max(study.ks), study.reps, study.seed
@@ -73,42 +77,62 @@ def section(study):
         return f"fewer than two methods under lag with all their runs in at K = {k}: nothing to choose between"
     rows = [a for a in LAG_METHODS if a in methods or a in scan_methods]
     iqm = lambda key, among: aggregates({"x": score_matrix(normalised, key, among, "final")}, reps, seed)  # noqa: E731
+    hurt = lag_hurt_tasks(raw, study.randoms, tasks, k)
+    shares = lag_won_back(raw, hurt, k, methods, reps, seed) if hurt else {}
     cells = {}
     for a in ["ppo", *rows]:
         here, there = (a in methods or a == "ppo"), (a in scan_methods or a == "ppo") and larger
         cells[a] = {"iqm": iqm((a, k), tasks) if here else None,
                     "scan": iqm((a, larger), scan_tasks) if there and all(finals(raw, (a, larger), t) for t in scan_tasks)
-                    else None}
+                    else None, "share": shares.get(a)}
         if here and a != "ppo":
             won = [(pairs_won(finals(raw, (a, k), t), finals(raw, ("ppo", k), t)),
                     len(finals(raw, (a, k), t)) * len(finals(raw, ("ppo", k), t))) for t in tasks]
             cells[a]["behind"] = sum(w <= CLEARLY_BEHIND * n for w, n in won)
-    hurt = lag_hurt_tasks(raw, study.randoms, tasks, k)
-    shares = lag_won_back(raw, hurt, k, methods, reps, seed) if hurt else {}
 
     def point(entry):
         return entry[0]["x"][1] if entry else -np.inf
 
     order = sorted(rows, key=lambda a: (-point(cells[a]["iqm"]), -point(cells[a]["scan"]))) + ["ppo"]
+    return dict(k=k, tasks=tasks, hurt=hurt, larger=larger, scan_tasks=scan_tasks, partial=partial,
+                scan_partial=scan_partial, order=order, cells=cells)
+
+
+def iqm_cell(entry):
+    """The IQM of an aggregates entry with its interval, or "" for none."""
+    return fmt_interval(entry[0]["x"][1], entry[1]["x"][:, 1]) if entry else ""
+
+
+def share_cell(share):
+    """The median share of the lag won back with its interval (estimates.lag_won_back's entry), or "" for none."""
+    return fmt_interval(share[0][-1], share[1][:, -1]) if share else ""
+
+
+def section(study):
+    found = answers(study)
+    if isinstance(found, str):
+        return found
+    k, tasks, hurt, larger, scan_tasks, cells = (found[key] for key in ("k", "tasks", "hurt", "larger", "scan_tasks",
+                                                                        "cells"))
     scan_head = f" IQM at K = {larger}, {len(scan_tasks)} tasks |" if larger else ""
     lines = [f"Methods under lag at K = {k}, {len(tasks)} tasks, ordered by their IQM there, PPO last for reference. "
              "*IQM*: the interquartile mean (the mean of the middle half) over tasks × seeds of the normalised final "
              "score, 0 = a random policy and 1 = synchronous PPO's mean on the task (PPO at K = 1). *Lag won back*: "
              f"the median, over the {len(hurt)} tasks where lag hurts PPO at K = {k}, of the share of PPO's loss that "
              f"the method wins back. *Clearly behind PPO*: the tasks where PPO at K = {k} wins at least "
-             f"{9 - round(CLEARLY_BEHIND * 9)} of the 9 pairings of seeds. 95% stratified-bootstrap intervals"
-             + (f"; K = {larger} ran on {', '.join(scan_tasks)}." if larger else "."), "",
-             f"| method | IQM at K = {k} | lag won back | clearly behind PPO |" + scan_head,
+             f"{1 - CLEARLY_BEHIND:.0%} ({9 - round(CLEARLY_BEHIND * 9)}/9) of the pairings of seeds. 95% "
+             "stratified-bootstrap intervals" + (f"; K = {larger} ran on {', '.join(scan_tasks)}." if larger else "."),
+             "", f"| method | IQM at K = {k} | lag won back | clearly behind PPO |" + scan_head,
              "|-|-|-|-|" + ("-|" if larger else "")]
-    for a in order:
+    for a in found["order"]:
         c = cells[a]
-        row = [method(a).name, fmt_interval(c["iqm"][0]["x"][1], c["iqm"][1]["x"][:, 1]) if c["iqm"] else "",
-               fmt_interval(shares[a][0][-1], shares[a][1][:, -1]) if a in shares else ("0 (reference)" if a == "ppo" else ""),
+        row = [method(a).name, iqm_cell(c["iqm"]), share_cell(c["share"]) or ("0 (reference)" if a == "ppo" else ""),
                f"{c['behind']} of {len(tasks)} tasks" if "behind" in c else ""]
         if larger:
-            row.append(fmt_interval(c["scan"][0]["x"][1], c["scan"][1]["x"][:, 1]) if c["scan"] else "")
+            row.append(iqm_cell(c["scan"]))
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", f"The command of each, at K = {k} (add `--env-id TASK`):", ""]
-    lines += [f"- {method(a).name}: `{command(a, k)}`" for a in order]
-    lines += [""] + incomplete_line(partial, k) + (incomplete_line(scan_partial, larger) if larger else [])
+    lines += [f"- {method(a).name}: `{command(a, k)}`" for a in found["order"]]
+    lines += [""] + incomplete_line(found["partial"], k) + (incomplete_line(found["scan_partial"], larger)
+                                                            if larger else [])
     return titled("Under lag, which script", "which_script", lines)
