@@ -546,13 +546,13 @@ def main(args: Args):
     params = {name: p.detach() for name, p in agent.named_parameters()}  # views: updating them updates the agent
     adam = adam_state(params)
     lr = {"critic": torch.tensor(args.learning_rate), "actor": torch.tensor(args.learning_rate)}
-    lr_scale = torch.ones(())  # GePPO's factor on the actor's rate (a tensor: checkpoints keep it)
+    lr_scale = adam["lr_scale"] = torch.ones(())  # GePPO's factor on the actor's rate, kept with Adam's state
     update = compiled_or_eager(train_step, args.compile)
     policy_buffer = PolicyBuffer(agent.actor, args.policy_buffer)
     obs_rms = RunningMeanStd(shape=(obs_dim,))
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
     # what a checkpoint holds, and --resume restores
-    saved = dict(agent=agent, optimizer=adam, obs_rms=obs_rms, reward_rms=reward_scaler.return_rms, lr_scale=lr_scale,
+    saved = dict(agent=agent, optimizer=adam, obs_rms=obs_rms, reward_rms=reward_scaler.return_rms,
                  policy_buffer=policy_buffer, generator=generator, action_generator=action_generator, lag_rng=lag_rng)
     global_step, start_iteration, num_iterations = resume(checkpoint, saved, args)  # 0, 1, args.num_iterations new
     writer = open_logs(args, run_name)  # after every check: a run that exits early leaves no logs
@@ -732,8 +732,7 @@ def load_checkpoint(path):
     if saved_by != script:
         sys.exit(f"error: {path}: not a checkpoint of {script}" + (f" but of {saved_by}" if saved_by else ""))
     missing = [part for part in ("args", "global_step", "iteration", "agent", "optimizer", "obs_rms", "reward_rms",
-                                 "policy_buffer", "generator", "action_generator", "lag_rng", "lr_scale")
-               if part not in checkpoint]
+                                 "policy_buffer", "generator", "action_generator", "lag_rng") if part not in checkpoint]
     if missing:
         sys.exit(f"error: {path}: a checkpoint of {script} without its {', '.join(missing)}")
     return checkpoint
@@ -747,8 +746,7 @@ def checkpoint_of(saved, global_step, iteration, args):
             "obs_rms": rms_state(saved["obs_rms"]), "reward_rms": rms_state(saved["reward_rms"]),
             "policy_buffer": [snapshot.state_dict() for snapshot in saved["policy_buffer"].snapshots],  # oldest first
             "generator": saved["generator"].get_state(), "action_generator": saved["action_generator"].get_state(),
-            "lag_rng": saved["lag_rng"].bit_generator.state,
-            "lr_scale": saved["lr_scale"]}  # GePPO's factor on the actor's rate
+            "lag_rng": saved["lag_rng"].bit_generator.state}
 
 
 def resume(checkpoint, saved, args):
@@ -761,6 +759,7 @@ def resume(checkpoint, saved, args):
     saved["agent"].load_state_dict(checkpoint["agent"])
     adam = saved["optimizer"]  # saved with that agent, so it fits
     adam["step"].copy_(checkpoint["optimizer"]["step"])
+    adam["lr_scale"].copy_(checkpoint["optimizer"]["lr_scale"])  # GePPO's factor on the actor's rate
     for moment in ("exp_avg", "exp_avg_sq"):
         for name, value in checkpoint["optimizer"][moment].items():
             adam[moment][name].copy_(value)
@@ -774,7 +773,6 @@ def resume(checkpoint, saved, args):
     saved["generator"].set_state(checkpoint["generator"])
     saved["action_generator"].set_state(checkpoint["action_generator"])
     saved["lag_rng"].bit_generator.state = checkpoint["lag_rng"]
-    saved["lr_scale"].copy_(checkpoint["lr_scale"])
     print(f"resumed from {args.resume} at step {global_step} (update {iteration})")
     return global_step, iteration + 1, iteration + (args.total_timesteps - global_step) // args.batch_size
 

@@ -148,8 +148,7 @@ SIBLINGS = {
         "adapted_lr_scale": True, "train_step": [r"\blr\b|rate"],
         "main": [r"\blr\b|lr_scale|frac|anneal_lr|moved|update_tv|GePPO|saved = dict"],
         "check_args": [RANGES, r"clip_reference|--no-tv-filter"],
-        "checkpoint_of": [r'lr_scale|"lag_rng": saved'], "resume": [r"lr_scale"],
-        "load_checkpoint": [r'lr_scale|"lag_rng"\) if part|^ +if part not in checkpoint']},
+        "resume": [r"lr_scale"]},
     # vaco_async.py: VACO's method as it is, around actor processes and a learner (the machinery: every region
     # vaco_continuous.py lacks, the rollout of an actor, its options, checks, checkpoints and main; the parts its
     # checkpoints hold, every actor's noise generator in place of the snapshots and the lag draws; and the end of a

@@ -120,23 +120,14 @@ def test_resume_keeps_the_learning_rate_factor(train, tmp_path):
     run_dir, first = train(geppo, exp_name="first", **settings)
     (checkpoint,) = [p for p in __import__("glob").glob(f"{run_dir}/*_step*.cleanrl_model")]
     state = torch.load(checkpoint, weights_only=True)
-    assert state["lr_scale"].item() == pytest.approx(1.03 ** -sum(tv > 0.1 for tv in first["charts/update_tv"][:2]))
+    factor = 1.03 ** -sum(tv > 0.1 for tv in first["charts/update_tv"][:2])  # kept with Adam's state
+    assert state["optimizer"]["lr_scale"].item() == pytest.approx(factor)
     _, resumed = train(geppo, exp_name="resumed", resume=checkpoint, **{**settings, "save_model": False})
     assert resumed["charts/actor_learning_rate"] == first["charts/actor_learning_rate"][2:]
 
 
-def test_resume_takes_its_factor_and_refuses_vaco_s_checkpoint(train):
-    # GePPO's factor on the actor's rate travels with its checkpoint; a vaco_continuous.py checkpoint fits GePPO's
-    # network but carries no factor, and is another script's
-    settings = dict(total_timesteps=256, learning_rate=1e-2, policy_buffer=4, save_model=True, eval_episodes=0)
-    run_dir, first = train(geppo, exp_name="geppo", **settings)
-    checkpoint = geppo.load_checkpoint(f"{run_dir}/geppo.cleanrl_model")
-    assert checkpoint["lr_scale"].item() == pytest.approx(first["charts/actor_learning_rate"][-1] / (
-        first["charts/learning_rate"][-1]) / (1.03 if first["charts/update_tv"][-1] > 0.1 else 1.0), rel=1e-5)
-    _, resumed = train(geppo, exp_name="resumed", **{**settings, "total_timesteps": 384},
-                       resume=f"{run_dir}/geppo.cleanrl_model")
-    assert resumed["charts/actor_learning_rate"][0] / resumed["charts/learning_rate"][0] == pytest.approx(
-        checkpoint["lr_scale"].item(), rel=1e-5)
+def test_resume_refuses_vaco_s_checkpoint(train):
+    # a vaco_continuous.py checkpoint fits GePPO's network, but carries no learning-rate factor: another script's
     run_dir, _ = train(vaco, exp_name="vaco", save_model=True, eval_episodes=0)
     with pytest.raises(SystemExit, match="not a checkpoint of geppo_continuous.py but of vaco_continuous.py"):
         train(geppo, exp_name="geppo", resume=f"{run_dir}/vaco.cleanrl_model", total_timesteps=512)
