@@ -709,10 +709,10 @@ def leave(code, line=None):
     actor's own, `watch_learner`) comes first; the other waits here until the process is gone. No Python teardown:
     torch's would hold the learner, which waits for every actor to exit, for a second or more."""
     with LEAVING:
-        if line:
-            print(line, file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
+        if line:  # one write: the actors share the terminal, and a pipe keeps a short write whole, never interleaved
+            os.write(sys.stderr.fileno(), f"{line}\n".encode())
         os._exit(code)
 
 
