@@ -397,14 +397,15 @@ def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
             if line.startswith("| ") and not line.startswith("| method")]
     assert [row[0] for row in rows][0] == "decoupled PPO" and rows[-1][0] == "PPO"
-    iqms = [float(row[1].split(" ")[0]) for row in rows]
+    assert all(row[1] == "3" for row in rows)  # the seeds of each task
+    iqms = [float(row[2].split(" ")[0]) for row in rows]
     assert iqms[:-1] == sorted(iqms[:-1], reverse=True)  # the recommendation first
     by_name = {row[0]: row for row in rows}
-    assert by_name["decoupled PPO"][1].startswith("1.00 [") and by_name["PPO"][1].startswith("0.20 [")
-    assert by_name["V-trace + decoupled clip"][2].startswith("0.25 [")  # the median share, as trust_region's
-    assert by_name["GePPO"][3] == "1 of 3 tasks" and by_name["decoupled PPO"][3] == "0 of 3 tasks"
-    assert by_name["PPO"][2] == "0 (reference)" and by_name["PPO"][3] == ""
-    assert all(len(row) == 4 for row in rows)  # no larger K ran: no column for it; no command in the table
+    assert by_name["decoupled PPO"][2].startswith("1.00 [") and by_name["PPO"][2].startswith("0.20 [")
+    assert by_name["V-trace + decoupled clip"][3].startswith("0.25 [")  # the median share, as trust_region's
+    assert by_name["GePPO"][4] == "1 of 3 tasks" and by_name["decoupled PPO"][4] == "0 of 3 tasks"
+    assert by_name["PPO"][3] == "0 (reference)" and by_name["PPO"][4] == ""
+    assert all(len(row) == 5 for row in rows)  # no larger K ran: no column for it; no command in the table
     commands = [line[2:].split(": ", 1) for line in section.splitlines() if line.startswith("- ")]
     assert [name for name, _ in commands] == [row[0] for row in rows]  # the table's order
     commands = dict(commands)
@@ -414,6 +415,13 @@ def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(
     assert commands["V-trace + decoupled clip"] == \
         "`python vaco_continuous.py --policy-buffer 8 --no-tv-filter --clip-reference proximal`"
     assert "GePPO with GAE" not in by_name and "GePPO with GAE (1 of 9 runs)" in section
+
+
+def test_the_seeds_column_says_how_many_each_task_ran():
+    # seeds 4-10 come task by task for some methods only: a method's tasks may hold different numbers of seeds
+    from benchmark.study.sections.which_script import seeds_cell
+    assert seeds_cell([3, 3, 3]) == "3" and seeds_cell([10] * 10) == "10"
+    assert seeds_cell([5, 3, 10, 5]) == "3–10"
 
 
 def test_a_block_counts_when_every_planned_run_is_in():

@@ -83,6 +83,7 @@ def answers(study):
     for a in ["ppo", *rows]:
         here, there = (a in methods or a == "ppo"), (a in scan_methods or a == "ppo") and larger
         cells[a] = {"iqm": iqm((a, k), tasks) if here else None,
+                    "seeds": seeds_cell([len(finals(raw, (a, k), t)) for t in tasks]) if here else "",
                     "scan": iqm((a, larger), scan_tasks) if there and all(finals(raw, (a, larger), t) for t in scan_tasks)
                     else None, "share": shares.get(a)}
         if here and a != "ppo":
@@ -96,6 +97,11 @@ def answers(study):
     order = sorted(rows, key=lambda a: (-point(cells[a]["iqm"]), -point(cells[a]["scan"]))) + ["ppo"]
     return dict(k=k, tasks=tasks, hurt=hurt, larger=larger, scan_tasks=scan_tasks, partial=partial,
                 scan_partial=scan_partial, order=order, cells=cells)
+
+
+def seeds_cell(counts):
+    """The seeds a method ran per task: "3", or "3–10" where its tasks have different numbers of them."""
+    return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
 
 
 def iqm_cell(entry):
@@ -121,12 +127,13 @@ def section(study):
              f"the median, over the {len(hurt)} tasks where lag hurts PPO at K = {k}, of the share of PPO's loss that "
              f"the method wins back. *Clearly behind PPO*: the tasks where PPO at K = {k} wins at least "
              f"{1 - CLEARLY_BEHIND:.0%} ({9 - round(CLEARLY_BEHIND * 9)}/9) of the pairings of seeds. 95% "
-             "stratified-bootstrap intervals" + (f"; K = {larger} ran on {', '.join(scan_tasks)}." if larger else "."),
-             "", f"| method | IQM at K = {k} | lag won back | clearly behind PPO |" + scan_head,
-             "|-|-|-|-|" + ("-|" if larger else "")]
+             "stratified-bootstrap intervals" + (f"; K = {larger} ran on {', '.join(scan_tasks)}." if larger else ".")
+             + f" *Seeds*: how many each task ran at K = {k}; the pairings and intervals use every seed a method has.",
+             "", f"| method | seeds | IQM at K = {k} | lag won back | clearly behind PPO |" + scan_head,
+             "|-|-|-|-|-|" + ("-|" if larger else "")]
     for a in found["order"]:
         c = cells[a]
-        row = [method(a).name, iqm_cell(c["iqm"]), share_cell(c["share"]) or ("0 (reference)" if a == "ppo" else ""),
+        row = [method(a).name, c["seeds"], iqm_cell(c["iqm"]), share_cell(c["share"]) or ("0 (reference)" if a == "ppo" else ""),
                f"{c['behind']} of {len(tasks)} tasks" if "behind" in c else ""]
         if larger:
             row.append(iqm_cell(c["scan"]))
