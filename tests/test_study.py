@@ -350,10 +350,10 @@ def test_which_part_wins_lag_back_one_variable_at_a_time(tmp_path, saved):
         if line.startswith("| ") and not line.startswith("| method") and not line.startswith("| task"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             rows.setdefault(cells[0], []).append(cells[1:])
-    # the first table: what each method is made of, and its IQM (decoupled PPO: (20 + 80) / 100 = 1)
-    assert rows["decoupled PPO"][0][:3] == ["GAE", "decoupled clip: π_θ/π_T, weight π_T/β", "1.00 [0.99, 1.01]"]
-    assert rows["GePPO"][0][0] == "V-trace" and rows["PPO"][0][2].startswith("0.20 [")
-    assert rows["decoupled PPO"][0][3].startswith("1.00 [")  # P(decoupled PPO > PPO)
+    # the first table: each method's seeds a task, what it is made of, and its IQM (decoupled PPO: (20 + 80) / 100 = 1)
+    assert rows["decoupled PPO"][0][:4] == ["3", "GAE", "decoupled clip: π_θ/π_T, weight π_T/β", "1.00 [0.99, 1.01]"]
+    assert rows["GePPO"][0][1] == "V-trace" and rows["PPO"][0][3].startswith("0.20 [")
+    assert rows["decoupled PPO"][0][4].startswith("1.00 [")  # P(decoupled PPO > PPO)
     # lag won back: medians over the three tasks, the range, the pairs won, where clearly behind
     assert rows["V-trace + decoupled clip"][1] == [rows["V-trace + decoupled clip"][1][0], "0.25 to 1.00", "27/27",
                                                    "none"]
@@ -419,7 +419,7 @@ def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(
 
 def test_the_seeds_column_says_how_many_each_task_ran():
     # seeds 4-10 come task by task for some methods only: a method's tasks may hold different numbers of seeds
-    from benchmark.study.sections.which_script import seeds_cell
+    from benchmark.study.report import seeds_cell
     assert seeds_cell([3, 3, 3]) == "3" and seeds_cell([10] * 10) == "10"
     assert seeds_cell([5, 3, 10, 5]) == "3–10"
 

@@ -44,6 +44,12 @@ def share_rows(tasks, methods, shares):
     return lines
 
 
+def seeds_cell(counts):
+    """The seeds a method ran per task (`counts`, one a task): "3", or "3–10" where its tasks have different
+    numbers of them."""
+    return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+
+
 def interval_cell(values):
     """Mean and 95% t-interval of a list of final returns ("" if none; one seed has no interval)."""
     if not values:

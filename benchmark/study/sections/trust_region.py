@@ -9,8 +9,8 @@ import numpy as np
 from benchmark.study import plotting
 from benchmark.study.estimates import aggregates, lag_won_back, probability_of_improvement
 from benchmark.study.presets import LAG_METHODS, method
-from benchmark.study.report import fmt_interval, incomplete_line, titled
-from benchmark.study.scores import (above_random_ratio, completeness, expected_seeds, finals, lag_hurt_tasks,
+from benchmark.study.report import fmt_interval, incomplete_line, seeds_cell, titled
+from benchmark.study.scores import (above_random_ratio, completeness, finals, lag_hurt_tasks,
                                     logged_means, pairs_won, score_matrix)
 
 # one variable at a time: (what changes, [(from, to)]) between methods that differ in that part only
@@ -45,15 +45,16 @@ def section(study):
     won = {a: [(pairs_won(finals(raw, (a, k), t), finals(raw, ("ppo", k), t)),
                 len(finals(raw, (a, k), t)) * len(finals(raw, ("ppo", k), t))) for t in tasks] for a in methods}
     behind = {a: [t for t, (w, n) in zip(tasks, won[a]) if w <= CLEARLY_BEHIND * n] for a in methods}
-    lines = [f"At K = {k} on {len(tasks)} tasks ({', '.join(tasks)}), {expected_seeds(raw)} seeds per method. *IQM*: "
-             "of the normalised final score (1 = PPO at K = 1). *P(X > Y)*: the probability that a run of X beats a "
-             "run of Y on a task drawn at random. 95% stratified-bootstrap intervals "
-             f"({reps} resamples).", "",
-             f"| method | advantages | trust region | IQM at K={k} | P(X > PPO) | P(X > decoupled PPO) |",
-             "|-|-|-|-|-|-|"]
+    lines = [f"At K = {k} on {len(tasks)} tasks ({', '.join(tasks)}). *Seeds*: how many each task ran; the pairings "
+             "and intervals use every seed a method has. *IQM*: of the normalised final score (1 = PPO at K = 1). "
+             "*P(X > Y)*: the probability that a run of X beats a run of Y on a task drawn at random. 95% "
+             f"stratified-bootstrap intervals ({reps} resamples).", "",
+             f"| method | seeds | advantages | trust region | IQM at K={k} | P(X > PPO) | P(X > decoupled PPO) |",
+             "|-|-|-|-|-|-|-|"]
     for a in ["ppo", *methods]:
         advantages, trust_region = method(a).parts
-        lines.append(f"| {method(a).name} | {advantages} | {trust_region} | "
+        seeds = seeds_cell([len(finals(raw, (a, k), t)) for t in tasks])
+        lines.append(f"| {method(a).name} | {seeds} | {advantages} | {trust_region} | "
                      f"{fmt_interval(points[a][1], intervals[a][:, 1])} | {p(a, 'ppo')} | {p(a, 'ppo-decoupled')} |")
     if hurt:
         lines += ["", f"*Lag won back*: the share of PPO's loss from K = 1 to K = {k} that X wins back, median over "

@@ -14,7 +14,7 @@ import numpy as np
 from benchmark.common import ROOT
 from benchmark.study.estimates import aggregates, lag_won_back
 from benchmark.study.presets import LAG_METHODS, method
-from benchmark.study.report import fmt_interval, incomplete_line, titled
+from benchmark.study.report import fmt_interval, incomplete_line, seeds_cell, titled
 from benchmark.study.scores import completeness, finals, lag_hurt_tasks, pairs_won, score_matrix
 from benchmark.study.sections.trust_region import CLEARLY_BEHIND
 
@@ -97,11 +97,6 @@ def answers(study):
     order = sorted(rows, key=lambda a: (-point(cells[a]["iqm"]), -point(cells[a]["scan"]))) + ["ppo"]
     return dict(k=k, tasks=tasks, hurt=hurt, larger=larger, scan_tasks=scan_tasks, partial=partial,
                 scan_partial=scan_partial, order=order, cells=cells)
-
-
-def seeds_cell(counts):
-    """The seeds a method ran per task: "3", or "3–10" where its tasks have different numbers of them."""
-    return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
 
 
 def iqm_cell(entry):
