@@ -124,7 +124,7 @@ def make_envs(args, run_name):
     env_fns = [lambda: WithoutInfo(gym.make(args.env_id)) for _ in range(args.num_envs)]
     if args.capture_video:  # env 0 films its episodes
         if "DISPLAY" not in os.environ:
-            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering, read when the renderer is made
         env_fns[0] = lambda: gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"),
                                                       f"videos/{run_name}")
     envs = gym.vector.SyncVectorEnv(

@@ -182,7 +182,7 @@ def make_envs(args, run_name):
     env_fns = [lambda: WithoutInfo(gym.make(args.env_id)) for _ in range(args.num_envs)]
     if args.capture_video:  # env 0 films its episodes
         if "DISPLAY" not in os.environ:
-            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco's import
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering, read when the renderer is made
         env_fns[0] = lambda: gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"),
                                                       f"videos/{run_name}")
     envs = gym.vector.SyncVectorEnv(  # the actor processes take the place of AsyncVectorEnv
@@ -668,10 +668,9 @@ def actor_process(rank, world_size, args, port=None):
     127.0.0.1): exits 0 when the learner stops or dismisses it, 1 when the learner is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole terminal: the learner decides
     if port is not None:  # spawned: the learner is its parent process, whose end it sees at once, at any stage
-        if not args.capture_video:  # (filming picks its rendering backend before mujoco loads: make_envs)
-            # the task's module first: importing gymnasium's MuJoCo envs runs a probe process (glfw's) for a moment,
-            # and an actor leaving while it ran would leave it to print a traceback after the actor's one line
-            gym.envs.registration.load_env_creator(gym.spec(args.env_id).entry_point)
+        # the task's module first: importing gymnasium's MuJoCo envs runs a probe process (glfw's) for a moment, and
+        # an actor leaving while it ran would leave it to print a traceback after the actor's one line
+        gym.envs.registration.load_env_creator(gym.spec(args.env_id).entry_point)
         threading.Thread(target=watch_learner, args=(rank,), name="learner-watch", daemon=True).start()
     timeout = process_group_timeout(args)
     try:
