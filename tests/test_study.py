@@ -420,8 +420,10 @@ def test_under_lag_which_script_one_statistic_a_cell_in_the_order_it_recommends(
 def test_the_seeds_column_says_how_many_each_task_ran():
     # seeds 4-10 come task by task for some methods only: a method's tasks may hold different numbers of seeds
     from benchmark.study.report import seeds_cell
-    assert seeds_cell([3, 3, 3]) == "3" and seeds_cell([10] * 10) == "10"
-    assert seeds_cell([5, 3, 10, 5]) == "3–10"
+    raw = {("vaco", 8): {"TaskA-v4": {s: {"final": 0.0} for s in range(1, 4)},
+                         "TaskB-v4": {s: {"final": 0.0} for s in range(1, 11)}}}
+    assert seeds_cell(raw, ("vaco", 8), ["TaskA-v4"]) == "3" and seeds_cell(raw, ("vaco", 8), ["TaskB-v4"]) == "10"
+    assert seeds_cell(raw, ("vaco", 8), ["TaskA-v4", "TaskB-v4"]) == "3–10"
 
 
 def test_a_block_counts_when_every_planned_run_is_in():

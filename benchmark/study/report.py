@@ -5,6 +5,7 @@ block of runs still running.
 
 from benchmark.common import t_interval
 from benchmark.study.presets import method
+from benchmark.study.scores import finals
 
 
 def marked(name, lines):
@@ -44,9 +45,10 @@ def share_rows(tasks, methods, shares):
     return lines
 
 
-def seeds_cell(counts):
-    """The seeds a method ran per task (`counts`, one a task): "3", or "3–10" where its tasks have different
+def seeds_cell(raw, key, tasks):
+    """How many seeds (algorithm, K) `key` ran on each of `tasks`: "3", or "3–10" where its tasks have different
     numbers of them."""
+    counts = [len(finals(raw, key, t)) for t in tasks]
     return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
 
 

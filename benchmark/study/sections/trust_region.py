@@ -53,8 +53,7 @@ def section(study):
              "|-|-|-|-|-|-|-|"]
     for a in ["ppo", *methods]:
         advantages, trust_region = method(a).parts
-        seeds = seeds_cell([len(finals(raw, (a, k), t)) for t in tasks])
-        lines.append(f"| {method(a).name} | {seeds} | {advantages} | {trust_region} | "
+        lines.append(f"| {method(a).name} | {seeds_cell(raw, (a, k), tasks)} | {advantages} | {trust_region} | "
                      f"{fmt_interval(points[a][1], intervals[a][:, 1])} | {p(a, 'ppo')} | {p(a, 'ppo-decoupled')} |")
     if hurt:
         lines += ["", f"*Lag won back*: the share of PPO's loss from K = 1 to K = {k} that X wins back, median over "

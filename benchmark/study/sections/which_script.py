@@ -83,7 +83,7 @@ def answers(study):
     for a in ["ppo", *rows]:
         here, there = (a in methods or a == "ppo"), (a in scan_methods or a == "ppo") and larger
         cells[a] = {"iqm": iqm((a, k), tasks) if here else None,
-                    "seeds": seeds_cell([len(finals(raw, (a, k), t)) for t in tasks]) if here else "",
+                    "seeds": seeds_cell(raw, (a, k), tasks) if here else "",
                     "scan": iqm((a, larger), scan_tasks) if there and all(finals(raw, (a, larger), t) for t in scan_tasks)
                     else None, "share": shares.get(a)}
         if here and a != "ppo":
