@@ -426,6 +426,15 @@ def test_the_seeds_column_says_how_many_each_task_ran():
     assert seeds_cell(raw, ("vaco", 8), ["TaskA-v4", "TaskB-v4"]) == "3–10"
 
 
+def test_clearly_behind_is_one_share_at_every_number_of_seeds():
+    # at most 2/9 of the pairings won: 2 of 9 at 3 seeds each, 3 of 15 at 3 against 5, 5 of 25 at 5 each, 22 of 100
+    from benchmark.study.sections.trust_region import CLEARLY_BEHIND, most_won_when_behind
+    assert most_won_when_behind([25, 9, 15, 9, 100]) == "2 of 9, 3 of 15, 5 of 25, 22 of 100"
+    assert most_won_when_behind([9, 25], lost=True) == "7 of 9, 20 of 25"
+    for n, allowed in ((9, 2), (15, 3), (25, 5), (100, 22)):  # the words say what the rule counts
+        assert allowed <= CLEARLY_BEHIND * n < allowed + 1
+
+
 def test_a_block_counts_when_every_planned_run_is_in():
     raw = {("geppo", 8): {"TaskA-v4": {1: {}, 2: {}}, "TaskB-v4": {1: {}}},  # 3 of the 4 runs planned
            ("vaco-proximal-0.1", 8): {"TaskA-v4": {1: {}, 2: {}}},  # all its runs, planned on TaskA only
