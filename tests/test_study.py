@@ -1122,6 +1122,31 @@ def test_script_curves_draw_the_script_at_its_defaults(tmp_path, saved):
         script_curves.main(script_curves.Args(script="spo_continuous.py", results_dir=folder, out=out))
 
 
+def test_script_curves_read_a_run_recorded_in_an_earlier_spelling(tmp_path, saved):
+    # GePPO's first runs switched its learning-rate rule on with --adapt-lr, a flag the script has since dropped, and
+    # decoupled PPO ran as a flag of ppo_continuous.py: both are still the script's runs at its defaults
+    from benchmark.study import script_curves
+
+    folder = str(tmp_path)
+    for seed, earlier in ((1, True), (2, False)):
+        for algorithm in ("geppo", "ppo-decoupled"):
+            run = write_run(folder, "TaskA-v4", algorithm, 8, seed, [float(seed)] * 50)
+            if earlier:
+                path = os.path.join(folder, run.name + ".json")
+                with open(path) as f:
+                    meta = json.load(f)
+                meta["command"] = run.portable_commands()[1]
+                with open(path, "w") as f:
+                    json.dump(meta, f)
+    runs = scores.load_runs(folder)
+    assert {"--adapt-lr" in meta["command"] for meta, _ in runs if meta["algorithm"] == "geppo"} == {True, False}
+    for script, name in (("geppo_continuous.py", "geppo"), ("decoupled_ppo_continuous.py", "ppo-decoupled")):
+        chosen, names = script_curves.runs_at_defaults(runs, script)
+        assert names == {name: {"TaskA-v4"}} and sorted(meta["seed"] for meta, _ in chosen) == [1, 2]
+    chosen, _ = script_curves.runs_at_defaults(runs, "ppo_continuous.py")  # the earlier spelling is not PPO's
+    assert chosen == []
+
+
 # --- random-policy scores -----------------------------------------------------------------------
 
 def test_random_scores_meet_their_precision_against_ppo_and_are_measured_once(tmp_path, capsys):

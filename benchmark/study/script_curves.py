@@ -19,8 +19,10 @@ The drawing is the study report's (`plotting.curves_figure`): the return of the 
 each 2 % of a run's env steps (`slice_scores`), in the colours of the study's figures.
 """
 
+import contextlib
 import dataclasses
 import importlib
+import io
 import os
 import shlex
 import sys
@@ -33,12 +35,13 @@ import tyro
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmark.common import ROOT  # noqa: E402
 from benchmark.study.plotting import curves_figure  # noqa: E402
-from benchmark.study.presets import training_command  # noqa: E402
+from benchmark.study.analyze import seeds_still_running  # noqa: E402
+from benchmark.study.presets import METHODS, MORE_SEEDS, planned_runs, training_command  # noqa: E402
 from benchmark.study.scores import load_runs  # noqa: E402
 
 # the study's name for each script at its defaults; the report draws and colours them by these names
 LABELS = {"ppo_continuous.py": "ppo", "vaco_continuous.py": "vaco", "spo_continuous.py": "spo",
-          "geppo_continuous.py": "geppo"}
+          "geppo_continuous.py": "geppo", "decoupled_ppo_continuous.py": "ppo-decoupled"}
 # flags a study sets per run without changing the method
 PER_RUN_FLAGS = ("--env-id", "--policy-buffer", "--seed", "--total-timesteps", "--exp-name")
 
@@ -46,8 +49,8 @@ PER_RUN_FLAGS = ("--env-id", "--policy-buffer", "--seed", "--total-timesteps", "
 @dataclass
 class Args:
     script: tyro.conf.Positional[str]
-    """the script whose curves are drawn: ppo_continuous.py, vaco_continuous.py, spo_continuous.py or
-    geppo_continuous.py"""
+    """the script whose curves are drawn: ppo_continuous.py, vaco_continuous.py, spo_continuous.py,
+    geppo_continuous.py or decoupled_ppo_continuous.py"""
     results_dir: tyro.conf.Positional[str]
     """a folder of study results (CSV + JSON per run), e.g. benchmark/results/cpu-1m"""
     reference: Optional[str] = None
@@ -64,6 +67,15 @@ def script_defaults(script):
     return module, dataclasses.asdict(module.Args())
 
 
+def todays_spelling(script, flags):
+    """(script, flags) of a run as today's scripts spell it: a study method's earlier spelling (a flag a script has
+    since dropped, a method since given a script of its own; presets.Method.earlier) becomes its current one."""
+    for m in METHODS.values():
+        if (script, tuple(flags)) in m.earlier:
+            return m.script, list(m.flags)
+    return script, flags
+
+
 def runs_at_defaults(runs, script):
     """The runs whose command is `script` with every flag at its default but PER_RUN_FLAGS, each once
     (a run with the training command of an earlier one is left out). Returns (runs, {study name: tasks})."""
@@ -71,7 +83,7 @@ def runs_at_defaults(runs, script):
     chosen, seen, names = [], set(), {}
     for meta, rows in runs:
         words = shlex.split(meta.get("command", ""))
-        if len(words) < 2 or os.path.basename(words[1]) != script:
+        if len(words) < 2:
             continue
         flags, i = [], 2
         while i < len(words):
@@ -80,9 +92,13 @@ def runs_at_defaults(runs, script):
             else:
                 flags.append(words[i])
                 i += 1
+        recorded, flags = todays_spelling(os.path.basename(words[1]), flags)
+        if recorded != script:
+            continue
         try:
-            parsed = dataclasses.asdict(tyro.cli(module.Args, args=flags))
-        except SystemExit:  # a flag the script does not have (any more): not its defaults
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                parsed = dataclasses.asdict(tyro.cli(module.Args, args=flags))
+        except SystemExit:  # a flag the script does not have (a retired method's): not its defaults, and no error box
             continue
         if any(parsed[key] != value for key, value in defaults.items()
                if "--" + key.replace("_", "-") not in PER_RUN_FLAGS):
@@ -115,7 +131,11 @@ def main(args: Args):
         sys.exit("error: --reference is the script itself")
     if not os.path.isdir(args.results_dir):
         sys.exit(f"error: {args.results_dir} is not a folder")
-    runs = [(meta, rows) for meta, rows in load_runs(args.results_dir) if meta.get("k") in args.ks]
+    runs = load_runs(args.results_dir)
+    # a seed that a preset adds to a study's blocks is drawn once it is in on every task, as the report counts it
+    running = seeds_still_running(runs, planned_runs(args.results_dir, MORE_SEEDS))
+    runs = [(meta, rows) for meta, rows in runs
+            if meta.get("k") in args.ks and (meta["algorithm"], meta["k"], meta["seed"]) not in running]
     drawn = []
     for script in scripts:
         chosen, names = runs_at_defaults(runs, script)
