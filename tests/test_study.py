@@ -426,6 +426,16 @@ def test_the_seeds_column_says_how_many_each_task_ran():
     assert seeds_cell(raw, ("vaco", 8), ["TaskA-v4", "TaskB-v4"]) == "3–10"
 
 
+def test_a_table_that_sets_three_seeds_beside_five_says_so():
+    from benchmark.study.report import seeds_note
+    five, three = ({s: {"final": 0.0} for s in range(1, n + 1)} for n in (5, 3))
+    raw = {("ppo", 1): {"TaskA-v4": five}, ("ppo", 8): {"TaskA-v4": five}, ("vaco", 8): {"TaskA-v4": five},
+           ("vaco", 1): {"TaskA-v4": three}, ("geppo", 8): {"TaskA-v4": three}}
+    assert seeds_note(raw, list(raw), ["TaskA-v4"]) == \
+        "*Seeds* per task: 5 of PPO at K = 1 and 8, VACO at K = 8; 3 of VACO at K = 1, GePPO at K = 8."
+    assert seeds_note(raw, [("ppo", 1), ("vaco", 8), ("ppo", 32)], ["TaskA-v4"]) == ""  # all as many: nothing to say
+
+
 def test_clearly_behind_is_one_share_at_every_number_of_seeds():
     # at most 2/9 of the pairings won: 2 of 9 at 3 seeds each, 3 of 15 at 3 against 5, 5 of 25 at 5 each, 22 of 100
     from benchmark.study.sections.trust_region import CLEARLY_BEHIND, most_won_when_behind

@@ -52,6 +52,26 @@ def seeds_cell(raw, key, tasks):
     return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
 
 
+def seeds_note(raw, keys, tasks):
+    """"*Seeds* per task: 5 of PPO at K = 1 and 8 …; 3 of …" for the (algorithm, K) `keys` of a table whose methods ran
+    different numbers of seeds, so that a table setting 3 seeds beside 5 says so; "" where all ran as many."""
+    by_count = {}
+    for key in keys:
+        if any(finals(raw, key, t) for t in tasks):
+            by_count.setdefault(seeds_cell(raw, key, tasks), []).append(key)
+    if len(by_count) < 2:
+        return ""
+
+    def names(group):
+        ks = {}
+        for a, k in group:
+            ks.setdefault(a, []).append(k)
+        return ", ".join(f"{method(a).name} at K = {' and '.join(map(str, sorted(k)))}" for a, k in ks.items())
+
+    ordered = sorted(by_count.items(), key=lambda item: -int(item[0].split("–")[-1]))
+    return "*Seeds* per task: " + "; ".join(f"{count} of {names(group)}" for count, group in ordered) + "."
+
+
 def interval_cell(values):
     """Mean and 95% t-interval of a list of final returns ("" if none; one seed has no interval)."""
     if not values:

@@ -3,7 +3,7 @@ VACO is behind PPO (its mean final return below PPO's) in bold, with the seed pa
 
 import numpy as np
 
-from benchmark.study.report import titled
+from benchmark.study.report import seeds_note, titled
 from benchmark.study.scores import above_random_ratio, finals, logged_means, pairs_won
 
 
@@ -11,11 +11,12 @@ def section(study):
     if not study.has_vaco:
         return "no run of VACO"
     runs, raw, randoms, tasks, ks = study.runs, study.raw, study.randoms, study.compared, study.head_ks
+    seeds = seeds_note(raw, [(a, k) for k in ks for a in ("ppo", "vaco")], tasks)
     lines = ["Means over runs and updates. *Pairs won*: of every pairing of a VACO seed with a PPO seed, those "
              "where VACO's final return is higher. *Filter on*: the share of minibatches whose TV exceeded δ; "
              "*filtered*: the share of samples detached; *KL*: approx KL(β ‖ π) per update; *backward TV*: TV "
              "between the learner and the behaviour policies at the update's start. Bold: VACO behind PPO at "
-             "that K, i.e. its mean final return below PPO's.", "",
+             "that K, i.e. its mean final return below PPO's." + (f" {seeds}" if seeds else ""), "",
              "| task | K | VACO/PPO | pairs won | filter on | filtered | KL VACO | KL PPO | entropy VACO | "
              "entropy PPO | backward TV |", "|-|-|-|-|-|-|-|-|-|-|-|"]
     for task in tasks:

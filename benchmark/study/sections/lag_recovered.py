@@ -7,7 +7,7 @@ import numpy as np
 from benchmark.study import plotting
 from benchmark.study.estimates import lag_won_back, probability_of_improvement
 from benchmark.study.presets import LAG_METHODS, method
-from benchmark.study.report import fmt_interval, incomplete_line, titled
+from benchmark.study.report import fmt_interval, incomplete_line, seeds_note, titled
 from benchmark.study.scores import LAG_HURTS, above_random_ratio, completeness, finals, lag_hurt_tasks, score_matrix
 
 
@@ -31,12 +31,14 @@ def section(study):
                 pairs[f"{algorithm},{name}"] = (x, ppo)
     points, intervals = probability_of_improvement(pairs, reps, study.seed) if pairs else ({}, {})
     names = [method(a).name for a in algorithms]
+    seeds = seeds_note(raw, [("ppo", 1), ("ppo", k)] + [(a, k) for a in algorithms], tasks)
     lines = [f"Where lag hurts PPO: the tasks where PPO's mean final return at K = {k} is below {LAG_HURTS} of its "
              f"mean at K = 1, both measured above the random policy: {', '.join(hurt)}. On each, the share of PPO's "
              f"loss that X wins back, (X at K = {k} − PPO at K = {k}) / (PPO at K = 1 − PPO at K = {k}) of the mean "
              "final returns: 1 = all of it, 0 = none, below 0 = X behind PPO under lag. 95% stratified-bootstrap "
              f"intervals ({reps} resamples of each task's seeds, per algorithm and K). P(X > PPO): the probability "
-             f"that a run of X beats a run of PPO at K = {k} on a task drawn at random (normalised final scores).", "",
+             f"that a run of X beats a run of PPO at K = {k} on a task drawn at random (normalised final scores)."
+             + (f" {seeds}" if seeds else ""), "",
              f"| task | PPO K={k} / K=1, above random | " + " | ".join(names) + " |", "|-|-|" + "-|" * len(names)]
     for i, task in enumerate(hurt):
         lost = above_random_ratio(finals(raw, ("ppo", k), task), finals(raw, ("ppo", 1), task), study.randoms[task])

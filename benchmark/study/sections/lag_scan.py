@@ -9,7 +9,7 @@ import numpy as np
 from benchmark.study import plotting
 from benchmark.study.estimates import aggregates, lag_won_back
 from benchmark.study.presets import LAG_METHODS, method
-from benchmark.study.report import fmt_interval, incomplete_line, per_lag, share_rows
+from benchmark.study.report import fmt_interval, incomplete_line, per_lag, seeds_note, share_rows
 from benchmark.study.scores import completeness, finals, lag_hurt_tasks, logged_means, score_matrix
 
 
@@ -35,9 +35,11 @@ def scan(study, k):
     finished = {kk: completeness(raw, methods, kk, tasks, study.planned)[0] for kk in scan_ks}  # no block still running
     keys = [(a, kk) for a in ["ppo", *methods] for kk in scan_ks
             if (a == "ppo" or a in finished[kk]) and all(finals(raw, (a, kk), t) for t in tasks)]
+    seeds = seeds_note(raw, keys, tasks)
     lines = [f"Lag K = {k} (snapshots 0 to {k - 1} updates old, {(k - 1) / 2:g} on average once the buffer is full, after "
              f"{k - 1} updates) on {', '.join(tasks)}, beside K = 1 and {k_main}, every method at its K = {k_main} settings. "
-             "Normalised final score, mean over seeds (1 = PPO at K = 1, 0 = random).", "",
+             "Normalised final score, mean over seeds (1 = PPO at K = 1, 0 = random)."
+             + (f" {seeds}" if seeds else ""), "",
              "| task | method | " + " | ".join(f"K = {kk}" for kk in scan_ks) + " |", "|-|-|" + "-|" * len(scan_ks)]
     for task in tasks:
         for a in ["ppo", *methods]:

@@ -3,7 +3,7 @@ the grid's largest K, and their ratio above the random policy; the other methods
 ran, except a block still running (named below the table)."""
 
 from benchmark.study.presets import LAG_METHODS, method
-from benchmark.study.report import incomplete_line, interval_cell, titled
+from benchmark.study.report import incomplete_line, interval_cell, seeds_note, titled
 from benchmark.study.scores import above_random_ratio, completeness, finals
 
 
@@ -17,8 +17,10 @@ def section(study):
     for k in ks:
         header += [f"PPO K={k}"] + [f"{method(a).name}{suffix} K={k}" for a in others[k] for suffix in ("", "/PPO")]
     x = "X" if any(len(names) > 1 for names in others.values()) else "VACO"
+    seeds = seeds_note(raw, [key for k in ks for key in [("ppo", k)] + [(a, k) for a in others[k]]], tasks)
     lines = ["Final return (the episodes of the last 10% of steps): mean over seeds and its 95% Student-t "
-             f"interval; {x}/PPO = ({x} − random) / (PPO − random) at the same K, above 1 when {x} is ahead.", "",
+             f"interval; {x}/PPO = ({x} − random) / (PPO − random) at the same K, above 1 when {x} is ahead."
+             + (f" {seeds}" if seeds else ""), "",
              "| " + " | ".join(header) + " |", "|" + "-|" * len(header)]
     for task in tasks:
         cells = []
