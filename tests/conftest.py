@@ -33,6 +33,25 @@ def no_run_in_the_repository():
     assert set(glob.glob(os.path.join(ROOT, "runs", "*"))) == before, "a test wrote runs/ into the repository"
 
 
+@pytest.fixture(autouse=True)
+def writers_closed(monkeypatch):
+    """Every TensorBoard writer a test's run opened is closed when the test ends, while the test's folder is still the
+    working directory: a run a test stops on purpose (a failed save, a bad flag) never reaches its writer.close(), and
+    the writer's thread would flush later into runs/... relative to another folder, an error in some later test."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    opened, init = [], SummaryWriter.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(SummaryWriter, "__init__", recording)
+    yield
+    for writer in opened:
+        writer.close()
+
+
 @pytest.fixture
 def train(tmp_path, monkeypatch):
     """train(module, **overrides) runs module.main in a fresh folder; returns (run_dir, scalars)."""
