@@ -432,7 +432,7 @@ def test_a_table_that_sets_three_seeds_beside_five_says_so():
     raw = {("ppo", 1): {"TaskA-v4": five}, ("ppo", 8): {"TaskA-v4": five}, ("vaco", 8): {"TaskA-v4": five},
            ("vaco", 1): {"TaskA-v4": three}, ("geppo", 8): {"TaskA-v4": three}}
     assert seeds_note(raw, list(raw), ["TaskA-v4"]) == \
-        "*Seeds* per task: 5 of PPO at K = 1 and 8, VACO at K = 8; 3 of VACO at K = 1, GePPO at K = 8."
+        " *Seeds* per task: 5 of PPO at K = 1 and 8, VACO at K = 8; 3 of VACO at K = 1, GePPO at K = 8."
     assert seeds_note(raw, [("ppo", 1), ("vaco", 8), ("ppo", 32)], ["TaskA-v4"]) == ""  # all as many: nothing to say
 
 

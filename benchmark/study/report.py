@@ -53,23 +53,18 @@ def seeds_cell(raw, key, tasks):
 
 
 def seeds_note(raw, keys, tasks):
-    """"*Seeds* per task: 5 of PPO at K = 1 and 8 …; 3 of …" for the (algorithm, K) `keys` of a table whose methods ran
-    different numbers of seeds, so that a table setting 3 seeds beside 5 says so; "" where all ran as many."""
-    by_count = {}
-    for key in keys:
-        if any(finals(raw, key, t) for t in tasks):
-            by_count.setdefault(seeds_cell(raw, key, tasks), []).append(key)
-    if len(by_count) < 2:
+    """" *Seeds* per task: 5 of PPO at K = 1 and 8 …; 3 of …", to append to the lead of a table whose (algorithm, K)
+    `keys` ran different numbers of seeds, so that a table setting 3 seeds beside 5 says so; "" where all ran as many."""
+    present = [key for key in keys if any(finals(raw, key, t) for t in tasks)]
+    most = {key: max(len(finals(raw, key, t)) for t in tasks) for key in present}
+    groups = {}
+    for key in sorted(present, key=lambda key: -most[key]):  # the most seeds first; a stable sort keeps the table's order
+        groups.setdefault(seeds_cell(raw, key, tasks), {}).setdefault(key[0], []).append(key[1])
+    if len(groups) < 2:
         return ""
-
-    def names(group):
-        ks = {}
-        for a, k in group:
-            ks.setdefault(a, []).append(k)
-        return ", ".join(f"{method(a).name} at K = {' and '.join(map(str, sorted(k)))}" for a, k in ks.items())
-
-    ordered = sorted(by_count.items(), key=lambda item: -int(item[0].split("–")[-1]))
-    return "*Seeds* per task: " + "; ".join(f"{count} of {names(group)}" for count, group in ordered) + "."
+    named = {count: ", ".join(f"{method(a).name} at K = {' and '.join(map(str, sorted(ks)))}" for a, ks in by.items())
+             for count, by in groups.items()}
+    return " *Seeds* per task: " + "; ".join(f"{count} of {names}" for count, names in named.items()) + "."
 
 
 def interval_cell(values):

@@ -16,7 +16,7 @@ def section(study):
              "where VACO's final return is higher. *Filter on*: the share of minibatches whose TV exceeded δ; "
              "*filtered*: the share of samples detached; *KL*: approx KL(β ‖ π) per update; *backward TV*: TV "
              "between the learner and the behaviour policies at the update's start. Bold: VACO behind PPO at "
-             "that K, i.e. its mean final return below PPO's." + (f" {seeds}" if seeds else ""), "",
+             "that K, i.e. its mean final return below PPO's." + seeds, "",
              "| task | K | VACO/PPO | pairs won | filter on | filtered | KL VACO | KL PPO | entropy VACO | "
              "entropy PPO | backward TV |", "|-|-|-|-|-|-|-|-|-|-|-|"]
     for task in tasks:

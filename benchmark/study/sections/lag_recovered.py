@@ -38,7 +38,7 @@ def section(study):
              "final returns: 1 = all of it, 0 = none, below 0 = X behind PPO under lag. 95% stratified-bootstrap "
              f"intervals ({reps} resamples of each task's seeds, per algorithm and K). P(X > PPO): the probability "
              f"that a run of X beats a run of PPO at K = {k} on a task drawn at random (normalised final scores)."
-             + (f" {seeds}" if seeds else ""), "",
+             + seeds, "",
              f"| task | PPO K={k} / K=1, above random | " + " | ".join(names) + " |", "|-|-|" + "-|" * len(names)]
     for i, task in enumerate(hurt):
         lost = above_random_ratio(finals(raw, ("ppo", k), task), finals(raw, ("ppo", 1), task), study.randoms[task])

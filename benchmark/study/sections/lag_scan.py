@@ -39,7 +39,7 @@ def scan(study, k):
     lines = [f"Lag K = {k} (snapshots 0 to {k - 1} updates old, {(k - 1) / 2:g} on average once the buffer is full, after "
              f"{k - 1} updates) on {', '.join(tasks)}, beside K = 1 and {k_main}, every method at its K = {k_main} settings. "
              "Normalised final score, mean over seeds (1 = PPO at K = 1, 0 = random)."
-             + (f" {seeds}" if seeds else ""), "",
+             + seeds, "",
              "| task | method | " + " | ".join(f"K = {kk}" for kk in scan_ks) + " |", "|-|-|" + "-|" * len(scan_ks)]
     for task in tasks:
         for a in ["ppo", *methods]:

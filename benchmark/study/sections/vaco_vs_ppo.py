@@ -20,7 +20,7 @@ def section(study):
     seeds = seeds_note(raw, [key for k in ks for key in [("ppo", k)] + [(a, k) for a in others[k]]], tasks)
     lines = ["Final return (the episodes of the last 10% of steps): mean over seeds and its 95% Student-t "
              f"interval; {x}/PPO = ({x} − random) / (PPO − random) at the same K, above 1 when {x} is ahead."
-             + (f" {seeds}" if seeds else ""), "",
+             + seeds, "",
              "| " + " | ".join(header) + " |", "|" + "-|" * len(header)]
     for task in tasks:
         cells = []
